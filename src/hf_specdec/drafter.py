@@ -1,0 +1,154 @@
+"""A separate, smaller causal LM that drafts tokens for the target to verify.
+
+The draft keeps its own KV cache across steps. Its cache always lags the committed text by one or two
+tokens ("pending"): the token the target just chose, plus the last drafted token when the target accepted
+every draft (that token was proposed but never fed back through the draft). A step feeds the pending tokens
+and then drafts autoregressively, so no token is ever recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.kv_cache import CachedSequence
+from hf_specdec.masks import chain_structure
+from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.sequences import TokenBuffer
+
+
+class DraftModelDrafter:
+    """Proposes a chain of tokens per row with a draft model.
+
+    Args:
+        model (`PreTrainedModel`): the draft model, sharing the target's vocabulary.
+        target_vocab_size (`int`): size of the target's logits; the draft's are cut or padded to it.
+        processors (`RaggedLogitsProcessor`): the same processors the target's scores go through.
+        do_sample (`bool`): sample drafts from q (and return q) instead of taking the argmax.
+        generator (`torch.Generator`, *optional*): randomness for sampling.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        target_vocab_size: int,
+        processors: RaggedLogitsProcessor,
+        do_sample: bool,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.model = model
+        self.device = model.device
+        self.target_vocab_size = target_vocab_size
+        self.processors = processors
+        self.do_sample = do_sample
+        self.generator = generator
+        self.seq: CachedSequence | None = None
+        self._fed = 0  # slots the current step appended to the draft's cache
+        self._last_drafts: torch.Tensor | None = None
+        self.pending: torch.Tensor | None = None  # (A, 2) last two committed tokens; slot 0 may not be needed
+        self.pending_count: torch.Tensor | None = None  # (A,) 1 or 2: how many of them the draft has not seen
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """Feed the prompts `(batch, prompt)` (the target's first token becomes pending in `start`)."""
+        self.seq = CachedSequence(self.model, input_ids.shape[0], self.device)
+        self.seq.forward(
+            input_ids.to(self.device),
+            valid.to(self.device),
+            positions.to(self.device),
+            chain_structure(input_ids.shape[1], self.device),
+            logits_to_keep=1,
+        )
+
+    def start(self, first_token: torch.Tensor) -> None:
+        """Record the target's first generated token `(batch,)` as pending."""
+        self.pending = torch.stack([first_token, first_token], dim=1).to(self.device)  # (B, 2)
+        self.pending_count = torch.ones_like(first_token, device=self.device)
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cut or pad draft logits `(..., vocab_draft)` to the target's vocabulary size."""
+        vocab = logits.shape[-1]
+        if vocab > self.target_vocab_size:
+            return logits[..., : self.target_vocab_size]
+        if vocab < self.target_vocab_size:
+            pad = logits.new_full((*logits.shape[:-1], self.target_vocab_size - vocab), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def propose(
+        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft up to `policy.current` tokens for every active row.
+
+        Args:
+            buffer (`TokenBuffer`): committed tokens; drafted tokens are written after them (not committed).
+            next_position (`torch.LongTensor` of shape `(active,)`): logical position of the first draft.
+            policy (`DraftLengthPolicy`): the draft length and early-stop rule.
+
+        Returns:
+            `(draft_tokens, q)`: `(active, k)` drafted tokens on the buffer's device, and when sampling the
+            draft distributions `(active, k, vocab)` they were drawn from (else `None`).
+        """
+        assert self.seq is not None and self.pending is not None and self.pending_count is not None
+        target_device = buffer.tokens.device
+        width = int(self.pending_count.max())
+        offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
+        ids = self.pending[:, 2 - width :]  # (A, w)
+        valid = offsets[None, :] >= -self.pending_count[:, None]  # (A, w)
+        positions = next_position.to(self.device)[:, None] + offsets[None, :]  # (A, w)
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        self._fed = width
+        for j in range(policy.current):
+            logits = self.seq.forward(
+                ids, valid, positions, chain_structure(ids.shape[1], self.device), 1
+            ).logits
+            logits = self._to_target_vocab(logits[:, -1:].to(target_device, torch.float32))  # (A, 1, V)
+            scores = self.processors(buffer.tokens, buffer.active, buffer.active_lengths + j, logits)[:, 0]
+            if self.do_sample:
+                q = torch.softmax(scores, dim=-1)  # (A, V)
+                token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
+                probs.append(q)
+            else:
+                token = scores.argmax(dim=-1)
+            tokens.append(token)
+            buffer.write(j, token[:, None])
+            stop = policy.should_stop(q if self.do_sample else torch.softmax(scores, dim=-1))
+            if j + 1 == policy.current or stop:
+                break
+            ids = token[:, None].to(self.device)
+            valid = torch.ones_like(ids, dtype=torch.bool)
+            positions = next_position.to(self.device)[:, None] + j
+            self._fed += 1
+        draft_tokens = torch.stack(tokens, dim=1)  # (A, k)
+        self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
+        return draft_tokens, torch.stack(probs, dim=1) if self.do_sample else None
+
+    def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+        """Roll the draft's cache back to the accepted drafts and queue the tokens it has not seen.
+
+        Args:
+            num_accepted (`torch.LongTensor` of shape `(active,)`): accepted drafts per row.
+            num_drafted (`int`): k, the number drafted this step (the last one was never fed to the draft).
+            next_token (`torch.LongTensor` of shape `(active,)`): the target's token after the accepted ones.
+        """
+        assert self.seq is not None and self.pending is not None
+        num_accepted = num_accepted.to(self.device)
+        width = self._fed - (num_drafted - 1)  # pending slots fed at the start of the step
+        kept_drafts = torch.clamp(num_accepted, max=num_drafted - 1)
+        self.seq.keep_prefix(self._fed, width + kept_drafts)
+        all_accepted = num_accepted == num_drafted
+        next_token = next_token.to(self.device)
+        first = torch.where(all_accepted, self._last_drafts, next_token)  # (A,)
+        self.pending = torch.stack([first, next_token], dim=1)  # (A, 2)
+        self.pending_count = 1 + all_accepted.long()
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
+        assert self.seq is not None and self.pending is not None and self.pending_count is not None
+        keep = keep.to(self.device)
+        self.seq.select_rows(keep)
+        self.pending = self.pending[keep]
+        if self._last_drafts is not None:
+            self._last_drafts = self._last_drafts[keep]
+        self.pending_count = self.pending_count[keep]

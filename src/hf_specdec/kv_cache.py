@@ -1,0 +1,180 @@
+"""All coupling to the transformers cache API lives here.
+
+A `CachedSequence` is one model's view of a batch being decoded: its `DynamicCache`, plus per-slot
+bookkeeping that lets every row keep its own number of tokens without ever re-running the prefill.
+
+Rows of a batch accept different numbers of drafted tokens in a step. Instead of moving KV entries around,
+the cache keeps one slot per token fed to the model for every row, crops the slots that no row kept, and
+marks the rest invalid for the rows that rejected them ("holes"). Holes are masked out of attention like
+left padding, and logical `position_ids` skip them, so every row computes exactly what it would alone.
+When holes take up too much of the cache, `compact` squeezes them out in one gather.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from hf_specdec.masks import to_additive, visibility
+
+_SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+class AttentionLayout:
+    """How a model's layers attend, read once from its config: full, sliding window, or a mix of both."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        config = model.config.get_text_config(decoder=True)
+        layer_types: list[str] | None = getattr(config, "layer_types", None)
+        window: int | None = getattr(config, "sliding_window", None)
+        if layer_types is not None:
+            unknown = set(layer_types) - _SUPPORTED_LAYER_TYPES
+            if unknown:
+                raise ValueError(
+                    f"{type(model).__name__} has layers of type {sorted(unknown)}, whose state cannot be rolled "
+                    "back to an earlier token. Speculative decoding supports attention-only decoders "
+                    "(full or sliding-window attention); decode this model with plain `generate()`."
+                )
+            kinds = set(layer_types)
+        else:
+            kinds = {"sliding_attention"} if window is not None else {"full_attention"}
+        self.mixed = len(kinds) > 1
+        self.sliding_window = window if "sliding_attention" in kinds else None
+        self.only_sliding = kinds == {"sliding_attention"}
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn is not None and attn not in ("sdpa", "eager"):
+            raise ValueError(
+                f"Speculative decoding passes custom 4D attention masks, which attn_implementation={attn!r} "
+                "does not take. Load the model with attn_implementation='sdpa' (the default) or 'eager'."
+            )
+
+
+class CachedSequence:
+    """A model's KV cache plus the validity and logical position of every cache slot, per row.
+
+    Attributes:
+        cache (`DynamicCache`): the model's cache, one slot per token fed so far (including holes).
+        valid (`torch.BoolTensor` of shape `(batch, slots)`): slots that hold a real token of the row.
+        positions (`torch.LongTensor` of shape `(batch, slots)`): logical position of each slot's token.
+    """
+
+    def __init__(self, model: PreTrainedModel, batch_size: int, device: torch.device) -> None:
+        self.model = model
+        self.layout = AttentionLayout(model)
+        # Full layers always: a sliding-window layer would drop old slots on its own, out of step with `valid`.
+        # The window is applied in the mask instead, on logical positions.
+        self.cache = DynamicCache()
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[1]
+
+    def _mask(self, new_valid: torch.Tensor, new_positions: torch.Tensor, structure: torch.Tensor):
+        dtype = self.model.dtype
+        key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
+        full = visibility(self.valid, new_valid, structure)  # (B, q, P+q)
+        if self.layout.sliding_window is None:
+            return to_additive(full, dtype)
+        window = visibility(
+            self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window
+        )
+        if not self.layout.mixed:
+            return to_additive(window, dtype)
+        return {"full_attention": to_additive(full, dtype), "sliding_attention": to_additive(window, dtype)}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        new_valid: torch.Tensor,
+        new_positions: torch.Tensor,
+        structure: torch.Tensor,
+        logits_to_keep: int = 0,
+        output_hidden_states: bool = False,
+    ):
+        """Run the model on new tokens, appending them to the cache.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch, q)`): the new tokens (any id where not valid).
+            new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real.
+            new_positions (`torch.LongTensor` of shape `(batch, q)`): their logical positions.
+            structure (`torch.BoolTensor` of shape `(q, q)`): ancestor matrix among the new tokens.
+            logits_to_keep (`int`): compute logits for the last this many tokens only; 0 keeps all.
+            output_hidden_states (`bool`): also return the hidden states (for heads on the last layer).
+
+        Returns:
+            The model's `CausalLMOutputWithPast`; `logits` has shape `(batch, q, vocab)`.
+        """
+        mask = self._mask(new_valid, new_positions, structure)
+        extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=new_positions,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=output_hidden_states,
+            **extra,
+        )
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        self.positions = torch.cat([self.positions, new_positions], dim=1)
+        return outputs
+
+    def keep_prefix(self, num_new: int, num_keep: torch.Tensor) -> None:
+        """Keep, for each row, the first `num_keep[b]` of the last `num_new` slots and drop the rest.
+
+        Slots no row keeps are cropped from the cache; the others become holes in the rows that dropped them.
+
+        Args:
+            num_new (`int`): how many slots the last forward(s) appended and are now being decided.
+            num_keep (`torch.LongTensor` of shape `(batch,)`): how many of them each row keeps, in `[0, num_new]`.
+        """
+        keep_max = int(num_keep.max()) if num_keep.numel() else 0
+        drop = num_new - keep_max
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
+            self.valid = self.valid[:, :-drop]
+            self.positions = self.positions[:, :-drop]
+        start = self.num_slots - keep_max
+        offsets = torch.arange(keep_max, device=self.valid.device)  # (keep_max,)
+        self.valid[:, start:] &= offsets[None, :] < num_keep[:, None]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the given rows of the batch (finished rows leave the batch and cost nothing more)."""
+        self.cache.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+        self.positions = self.positions[rows]
+
+    def hole_fraction(self) -> float:
+        """The share of cache slots that are holes or padding: attention pays for them all the same."""
+        if self.num_slots == 0:
+            return 0.0
+        return 1.0 - float(self.valid.float().mean())
+
+    def compact(self) -> None:
+        """Squeeze holes out of the cache: move every row's valid slots to the right end, in order.
+
+        One gather per layer; afterwards the padding of every row sits on the left, as in a fresh batch.
+        """
+        counts = self.valid.sum(dim=1)  # (B,)
+        width = int(counts.max())
+        # Stable order: invalid slots first, then valid ones in their original order.
+        order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # (B, width)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = _gather_slots(layer.keys, order)
+            layer.values = _gather_slots(layer.values, order)
+        self.valid = self.valid.gather(1, order)
+        self.positions = self.positions.gather(1, order)
+
+
+def _gather_slots(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Gather `(batch, heads, slots, dim)` states along the slot axis with a `(batch, width)` index."""
+    batch, heads, _, dim = states.shape
+    index = order[:, None, :, None].expand(batch, heads, order.shape[1], dim)
+    return states.gather(2, index)

@@ -1,0 +1,67 @@
+"""Custom 4D attention masks for verifying drafted tokens through a stock transformers model.
+
+Transformers passes a 4D mask of shape `(batch, 1, query_length, kv_length)` to the attention layers as-is,
+so a chain of drafts, a tree of drafts or a batch with holes in its cache needs no change to the modelling
+code: only this mask and explicit `position_ids`.
+
+A cache slot is visible to a new token when the slot holds a real token of that row (`key_valid`), it is
+an ancestor of the new token (for the new tokens of this forward: `structure`), and, for sliding-window
+layers, it lies within the window counted in logical positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def visibility(
+    past_valid: torch.Tensor,
+    new_valid: torch.Tensor,
+    structure: torch.Tensor,
+    key_positions: torch.Tensor | None = None,
+    query_positions: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Which keys every new query may attend to.
+
+    Args:
+        past_valid (`torch.BoolTensor` of shape `(batch, past)`): cache slots holding real tokens.
+        new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real (not padding/holes).
+        structure (`torch.BoolTensor` of shape `(q, q)`): `structure[i, j]` is True when new token j is
+            an ancestor of (or is) new token i. A chain is the lower triangle; a tree, its ancestor matrix.
+        key_positions (`torch.LongTensor` of shape `(batch, past + q)`, *optional*): logical position of
+            every key; needed only with `sliding_window`.
+        query_positions (`torch.LongTensor` of shape `(batch, q)`, *optional*): logical position of every
+            new token; needed only with `sliding_window`.
+        sliding_window (`int`, *optional*): a key is visible when `query_pos - key_pos < sliding_window`.
+
+    Returns:
+        `torch.BoolTensor` of shape `(batch, q, past + q)`. Every query sees its own slot, so even a padding
+        query has one visible key and attention never produces NaN.
+    """
+    batch, q = new_valid.shape
+    past = past_valid.shape[1]
+    past_part = past_valid[:, None, :].expand(batch, q, past)  # (B, q, P)
+    new_part = structure[None, :, :] & new_valid[:, None, :]  # (B, q, q)
+    visible = torch.cat([past_part, new_part], dim=2)  # (B, q, P+q)
+    if sliding_window is not None:
+        if key_positions is None or query_positions is None:
+            raise ValueError("A sliding-window mask needs key_positions and query_positions.")
+        distance = query_positions[:, :, None] - key_positions[:, None, :]  # (B, q, P+q)
+        visible = visible & (distance < sliding_window)
+    diagonal = torch.eye(q, dtype=torch.bool, device=visible.device)  # (q, q)
+    visible[:, :, past:] |= diagonal
+    return visible
+
+
+def to_additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Turn a `(batch, q, kv)` visibility matrix into the `(batch, 1, q, kv)` additive mask that both the
+    eager and the SDPA attention of transformers accept: 0 where visible, the dtype's minimum elsewhere."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)  # (B, q, kv)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None]  # (B, 1, q, kv)
+
+
+def chain_structure(q: int, device: torch.device) -> torch.Tensor:
+    """The `(q, q)` ancestor matrix of a chain: token i sees tokens 0..i."""
+    return torch.ones(q, q, dtype=torch.bool, device=device).tril()

@@ -1,0 +1,134 @@
+"""`SpeculativeGenerationMixin`: `generate(assistant=...)` on any transformers causal LM.
+
+Without speculative arguments `generate()` is transformers' own, untouched. With `assistant=`, transformers
+still prepares everything (generation config, processors, stopping criteria, lengths, special tokens) and
+then hands the decoding loop to [`speculative_decode`] through its public `custom_generate` hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from hf_specdec.decoding import speculative_decode
+from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.validation import check_generation_config, check_models
+
+# Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
+DEFAULT_NUM_ASSISTANT_TOKENS = 6
+DEFAULT_SCHEDULE = "constant"
+DEFAULT_CONFIDENCE_THRESHOLD: float | None = None
+
+
+class SpeculativeGenerationMixin:
+    """Adds speculative decoding to `generate()`. Mix it in before the model's class, or use [`speculative`].
+
+    Extra arguments of `generate()`:
+        assistant (`PreTrainedModel`): a smaller causal LM with the target's vocabulary that drafts tokens.
+        num_assistant_tokens (`int`): tokens drafted per step (default 6).
+        num_assistant_tokens_schedule (`str`): `"constant"` (default) or `"heuristic"`.
+        assistant_confidence_threshold (`float`): stop drafting once the draft's top probability falls below
+            this in every row (default: off).
+        generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
+        tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
+            is also needed for `stop_strings`.
+    """
+
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        *args: Any,
+        assistant: PreTrainedModel | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if assistant is None:
+            return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
+        if args:
+            raise TypeError(
+                "Pass generate()'s arguments after `generation_config` by keyword with `assistant=`."
+            )
+        self._check_speculative_kwargs(kwargs)
+        tokenizer = kwargs.pop("tokenizer", None)
+        assistant_tokenizer = kwargs.pop("assistant_tokenizer", None)
+        check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
+        config, kwargs = self._resolve_config(generation_config, kwargs)
+        policy = DraftLengthPolicy(
+            num_tokens=_pick(config.num_assistant_tokens, DEFAULT_NUM_ASSISTANT_TOKENS),
+            schedule=_pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE),
+            confidence_threshold=_pick(config.assistant_confidence_threshold, DEFAULT_CONFIDENCE_THRESHOLD),
+        )
+        kwargs["stopping_criteria"] = _stop_string_criteria(
+            config, kwargs.get("stopping_criteria"), tokenizer
+        )
+        decode = functools.partial(
+            speculative_decode, assistant=assistant, draft_length=policy, streamer=kwargs.get("streamer")
+        )
+        return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
+
+    @staticmethod
+    def _check_speculative_kwargs(kwargs: dict[str, Any]) -> None:
+        clashes = {
+            "assistant_model": "pass the draft as `assistant=` only (`assistant_model=` is transformers' own path)",
+            "custom_generate": "`custom_generate` replaces the decoding loop that `assistant=` provides",
+            "prefix_allowed_tokens_fn": "constrained decoding by batch index is not supported with `assistant=`",
+            "negative_prompt_ids": "classifier-free guidance is not supported with `assistant=`",
+        }
+        for name, why in clashes.items():
+            if kwargs.get(name) is not None:
+                raise ValueError(f"`{name}` cannot be combined with `assistant=`: {why}.")
+        if kwargs.get("synced_gpus"):
+            raise ValueError("`synced_gpus=True` is not supported with `assistant=`.")
+
+    def _resolve_config(
+        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
+    ) -> tuple[GenerationConfig, dict[str, Any]]:
+        """Merge `generate()`'s keyword arguments into a copy of the generation config and validate it.
+
+        Returns the config and the keyword arguments that are not generation settings (model inputs,
+        processors, streamer, ...)."""
+        config = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
+        rest = config.update(**kwargs)
+        check_generation_config(config)
+        return config, rest
+
+
+def _pick(value: Any, default: Any) -> Any:
+    """A speculative setting from the user's generation config or `generate()` kwargs, else our default."""
+    return default if value is None else value
+
+
+def _stop_string_criteria(
+    config: GenerationConfig, criteria: StoppingCriteriaList | None, tokenizer: Any
+) -> StoppingCriteriaList | None:
+    """Build `stop_strings` criteria here: the custom decoding hook does not receive `tokenizer`."""
+    stop_strings = config.stop_strings
+    config.stop_strings = None
+    if not stop_strings:
+        return criteria
+    if tokenizer is None:
+        raise ValueError("`stop_strings` needs `tokenizer=` to be passed to `generate()` as well.")
+    criteria = StoppingCriteriaList(criteria or [])
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    return criteria
+
+
+@functools.cache
+def _speculative_class(cls: type) -> type:
+    # Keep the original name so `save_pretrained` records the usual architecture.
+    return type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
+
+
+def speculative(model: PreTrainedModel) -> PreTrainedModel:
+    """Give `model` speculative `generate()`: the same object, its class now mixing in
+    [`SpeculativeGenerationMixin`]. Returns the model for chaining."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"speculative() takes a transformers PreTrainedModel, got {type(model).__name__}.")
+    if not isinstance(model, SpeculativeGenerationMixin):
+        model.__class__ = _speculative_class(type(model))
+    return model

@@ -1,0 +1,87 @@
+"""What speculative `generate()` returns: transformers' output class plus per-row speculative statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+
+@dataclass
+class SpeculativeStats:
+    """Counters of one speculative `generate()` call.
+
+    Per row (tensors of shape `(batch,)`):
+        target_forwards: verification forwards of the target while the row was running (the prefill not counted).
+        drafted_tokens: tokens drafted for the row.
+        accepted_tokens: drafted tokens the target accepted.
+    Whole batch (tensors of shape `(max_draft_length,)`):
+        drafted_at_position / accepted_at_position: how often the j-th drafted token of a step was proposed
+            and accepted, summed over rows and steps; their ratio is the acceptance rate by draft position.
+    """
+
+    target_forwards: torch.Tensor
+    drafted_tokens: torch.Tensor
+    accepted_tokens: torch.Tensor
+    drafted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    accepted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    @classmethod
+    def zeros(cls, batch_size: int) -> SpeculativeStats:
+        z = torch.zeros(batch_size, dtype=torch.long)
+        return cls(z.clone(), z.clone(), z.clone())
+
+    @property
+    def tau(self) -> torch.Tensor:
+        """Mean tokens emitted per target verification forward, per row `(batch,)`: accepted drafts plus the
+        one token every verification adds (a correction or a bonus)."""
+        forwards = self.target_forwards.clamp_min(1).double()
+        return (self.accepted_tokens + self.target_forwards).double() / forwards
+
+    @property
+    def acceptance_rate(self) -> torch.Tensor:
+        """Share of drafted tokens accepted, per row `(batch,)`."""
+        return self.accepted_tokens.double() / self.drafted_tokens.clamp_min(1).double()
+
+    def record_step(self, rows: torch.Tensor, num_drafted: int, num_accepted: torch.Tensor) -> None:
+        """Count one verification step of the active `rows` (original batch indices)."""
+        rows, num_accepted = rows.cpu(), num_accepted.cpu()
+        self.target_forwards[rows] += 1
+        self.drafted_tokens[rows] += num_drafted
+        self.accepted_tokens[rows] += num_accepted
+        if self.drafted_at_position.numel() < num_drafted:
+            grow = num_drafted - self.drafted_at_position.numel()
+            self.drafted_at_position = torch.cat(
+                [self.drafted_at_position, torch.zeros(grow, dtype=torch.long)]
+            )
+            self.accepted_at_position = torch.cat(
+                [self.accepted_at_position, torch.zeros(grow, dtype=torch.long)]
+            )
+        positions = torch.arange(num_drafted)
+        self.drafted_at_position[:num_drafted] += rows.numel()
+        self.accepted_at_position[:num_drafted] += (num_accepted[:, None] > positions[None, :]).sum(0)
+
+    def summary(self) -> dict[str, float]:
+        """Batch totals as plain numbers, for logs and benchmarks."""
+        forwards = int(self.target_forwards.sum())
+        accepted = int(self.accepted_tokens.sum())
+        drafted = int(self.drafted_tokens.sum())
+        return {
+            "target_forwards": forwards,
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "tau": (accepted + forwards) / max(forwards, 1),
+            "acceptance_rate": accepted / max(drafted, 1),
+        }
+
+
+@dataclass
+class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """[`~transformers.generation.GenerateDecoderOnlyOutput`] with the statistics of speculative decoding.
+
+    Args:
+        speculative (`SpeculativeStats`): per-row target forwards, drafted and accepted tokens, and tau.
+    """
+
+    speculative: SpeculativeStats | None = None
