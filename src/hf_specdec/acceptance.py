@@ -34,9 +34,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
 
 
-def greedy_accept(
-    draft_tokens: torch.Tensor, target_logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy verification: accept drafted tokens while they equal the target's argmax.
 
     Args:

@@ -45,9 +45,7 @@ class DraftLengthPolicy:
                 f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {SCHEDULES}."
             )
         if self.confidence_threshold is not None and not 0.0 <= self.confidence_threshold < 1.0:
-            raise ValueError(
-                f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold!r}."
-            )
+            raise ValueError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold!r}.")
         self.max_tokens = max(self.max_tokens, self.num_tokens)
         self._current = self.num_tokens
 

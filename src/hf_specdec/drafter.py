@@ -100,9 +100,7 @@ class DraftModelDrafter:
         probs: list[torch.Tensor] = []
         self._fed = width
         for j in range(policy.current):
-            logits = self.seq.forward(
-                ids, valid, positions, chain_structure(ids.shape[1], self.device), 1
-            ).logits
+            logits = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1).logits
             logits = self._to_target_vocab(logits[:, -1:].to(target_device, torch.float32))  # (A, 1, V)
             scores = self.processors(buffer.tokens, buffer.active, buffer.active_lengths + j, logits)[:, 0]
             if self.do_sample:

@@ -80,9 +80,7 @@ class CachedSequence:
         full = visibility(self.valid, new_valid, structure)  # (B, q, P+q)
         if self.layout.sliding_window is None:
             return to_additive(full, dtype)
-        window = visibility(
-            self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window
-        )
+        window = visibility(self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window)
         if not self.layout.mixed:
             return to_additive(window, dtype)
         return {"full_attention": to_additive(full, dtype), "sliding_attention": to_additive(window, dtype)}

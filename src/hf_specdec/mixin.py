@@ -50,9 +50,7 @@ class SpeculativeGenerationMixin:
         if assistant is None:
             return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
         if args:
-            raise TypeError(
-                "Pass generate()'s arguments after `generation_config` by keyword with `assistant=`."
-            )
+            raise TypeError("Pass generate()'s arguments after `generation_config` by keyword with `assistant=`.")
         self._check_speculative_kwargs(kwargs)
         tokenizer = kwargs.pop("tokenizer", None)
         assistant_tokenizer = kwargs.pop("assistant_tokenizer", None)
@@ -63,9 +61,7 @@ class SpeculativeGenerationMixin:
             schedule=_pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE),
             confidence_threshold=_pick(config.assistant_confidence_threshold, DEFAULT_CONFIDENCE_THRESHOLD),
         )
-        kwargs["stopping_criteria"] = _stop_string_criteria(
-            config, kwargs.get("stopping_criteria"), tokenizer
-        )
+        kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
         decode = functools.partial(
             speculative_decode, assistant=assistant, draft_length=policy, streamer=kwargs.get("streamer")
         )

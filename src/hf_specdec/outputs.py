@@ -52,12 +52,8 @@ class SpeculativeStats:
         self.accepted_tokens[rows] += num_accepted
         if self.drafted_at_position.numel() < num_drafted:
             grow = num_drafted - self.drafted_at_position.numel()
-            self.drafted_at_position = torch.cat(
-                [self.drafted_at_position, torch.zeros(grow, dtype=torch.long)]
-            )
-            self.accepted_at_position = torch.cat(
-                [self.accepted_at_position, torch.zeros(grow, dtype=torch.long)]
-            )
+            self.drafted_at_position = torch.cat([self.drafted_at_position, torch.zeros(grow, dtype=torch.long)])
+            self.accepted_at_position = torch.cat([self.accepted_at_position, torch.zeros(grow, dtype=torch.long)])
         positions = torch.arange(num_drafted)
         self.drafted_at_position[:num_drafted] += rows.numel()
         self.accepted_at_position[:num_drafted] += (num_accepted[:, None] > positions[None, :]).sum(0)

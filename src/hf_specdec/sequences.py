@@ -50,16 +50,10 @@ class TokenBuffer:
 
     def write(self, offset: int, new_tokens: torch.Tensor) -> None:
         """Write `(active, m)` tokens at each active row's length + `offset`, without committing them."""
-        columns = (
-            self.active_lengths[:, None]
-            + offset
-            + torch.arange(new_tokens.shape[1], device=self.tokens.device)
-        )
+        columns = self.active_lengths[:, None] + offset + torch.arange(new_tokens.shape[1], device=self.tokens.device)
         self.tokens[self.active[:, None], columns] = new_tokens
 
-    def commit(
-        self, new_tokens: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None
-    ) -> torch.Tensor:
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
         """Append to every active row its first `counts[b]` new tokens, stopping where plain decoding would.
 
         Args:

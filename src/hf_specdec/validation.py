@@ -45,9 +45,7 @@ def check_models(
             raise ValueError(f"The tokenizer has {size} tokens, more than one of the models can score.")
         return
     if (tokenizer is None) != (assistant_tokenizer is None):
-        raise ValueError(
-            "Pass both `tokenizer` and `assistant_tokenizer` to compare vocabularies, or neither."
-        )
+        raise ValueError("Pass both `tokenizer` and `assistant_tokenizer` to compare vocabularies, or neither.")
     target_size, draft_size = output_vocab_size(target), output_vocab_size(draft)
     if target_size != draft_size:
         raise ValueError(

@@ -281,9 +281,7 @@ def model_path(name: str) -> Path:
     return target
 
 
-def load_model(
-    name: str, dtype: torch.dtype = torch.float32
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, ready for batched generation.
 
     Args:
