@@ -72,7 +72,6 @@ class SpeculativeGenerationMixin:
         clashes = {
             "assistant_model": "pass the draft as `assistant=` only (`assistant_model=` is transformers' own path)",
             "custom_generate": "`custom_generate` replaces the decoding loop that `assistant=` provides",
-            "prefix_allowed_tokens_fn": "constrained decoding by batch index is not supported with `assistant=`",
             "negative_prompt_ids": "classifier-free guidance is not supported with `assistant=`",
         }
         for name, why in clashes.items():

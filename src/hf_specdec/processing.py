@@ -5,9 +5,10 @@ length. Speculative decoding needs the processed scores at every drafted positio
 have committed different numbers of tokens, so position j of row b sees the prefix
 `tokens[b, :lengths[b] + j]` (its prompt with the same left padding as plain `generate()`, its committed
 tokens, then the drafted tokens before j). Processors that read the prefix (repetition penalty, minimum
-length, n-gram bans, ...) are called once per distinct prefix length, on every (row, position) pair of that
-length together; processors that only look at the scores (temperature, top-k, top-p, ...) are called once
-on everything.
+length, n-gram bans, ...) are called once per distinct prefix length, with the whole batch in its original
+row order (some processors keep per-row state, such as the left-padding length), and the rows whose
+position has that prefix length are read back. Processors that only look at the scores (temperature, top-k,
+top-p, ...) are called once on everything.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ class RaggedLogitsProcessor:
             return self.processors(dummy, flat).reshape(batch, n, vocab)
         prefix_lengths = lengths[:, None] + torch.arange(n, device=lengths.device)  # (B, n)
         out = torch.empty_like(logits)
+        full = logits.new_zeros(tokens.shape[0], vocab)  # (total_batch, V): every row at its own index
         for length in torch.unique(prefix_lengths).tolist():
             b, j = (prefix_lengths == length).nonzero(as_tuple=True)  # pairs whose prefix has this length
-            prefix = tokens[rows[b], :length]  # (m, length)
-            out[b, j] = self.processors(prefix, logits[b, j])
+            full[rows[b]] = logits[b, j]
+            # Rows not in this group see whatever their buffer holds; their results are not read.
+            out[b, j] = self.processors(tokens[:, :length], full.clone())[rows[b]]
         return out

@@ -1,0 +1,137 @@
+"""Greedy speculative decoding returns exactly plain greedy's tokens, for every row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
+
+ARCHS = sorted(BUILDERS)
+NEW = 40
+
+
+def _draft(arch: str, kind: str, target):
+    if kind == "self":  # everything accepted
+        return target
+    if kind == "shallow":  # the target's own first layer: right some of the time
+        return tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
+    return tiny_model(arch, seed=123, sharpen=4.0)  # unrelated: almost everything rejected
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", ["self", "shallow", "random"])
+def test_matches_plain_greedy(arch: str, batch: int, kind: str) -> None:
+    target = tiny_target(arch)
+    draft = _draft(arch, kind, target)
+    ids, mask = ragged_batch(batch, seed=batch)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        assistant=draft,
+        num_assistant_tokens=4,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    summary = out.speculative.summary()
+    if kind == "self":
+        assert summary["acceptance_rate"] == 1.0
+    if kind == "random":
+        assert summary["acceptance_rate"] < 0.5
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_rows_stop_at_their_own_eos(arch: str) -> None:
+    """Pick as EOS a token that plain greedy emits mid-generation in one row only: that row stops early,
+    gets padding afterwards, and the others go on, exactly as in plain decoding."""
+    target = tiny_target(arch)
+    draft = tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(3, seed=7)
+    free = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    generated = free[:, ids.shape[1] :]
+    eos = int(generated[0, 1])  # row 0 emits it right away; the others may later, or never
+    plain = target.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos, pad_token_id=0
+    )
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        assistant=draft,
+    )
+    assert torch.equal(out, plain)
+    assert plain.shape[1] > ids.shape[1] + 2  # some row went on ...
+    assert plain[0, ids.shape[1] + 2 :].eq(0).all()  # ... while row 0 stopped and was padded
+
+
+def test_eos_list_and_max_length() -> None:
+    target = tiny_target("qwen2")
+    draft = tiny_model("qwen2", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(2, seed=3)
+    free = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    eos = [int(free[0, ids.shape[1] + 5]), int(free[1, ids.shape[1] + 9])]
+    kwargs = dict(input_ids=ids, attention_mask=mask, do_sample=False, eos_token_id=eos, pad_token_id=0, max_length=30)
+    assert torch.equal(target.generate(**kwargs, assistant=draft), target.generate(**kwargs))
+
+
+@pytest.mark.parametrize(
+    "processing",
+    [
+        {"repetition_penalty": 1.5},
+        {"min_new_tokens": 12, "eos_token_id": 5},
+        {"no_repeat_ngram_size": 2},
+    ],
+)
+def test_prefix_dependent_processors_keep_identity(processing: dict) -> None:
+    """Processors that read the prefix see each row's exact tokens, though rows accept different counts."""
+    target = tiny_target("llama")
+    draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(3, seed=11)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0, **processing)
+    assert torch.equal(target.generate(**kwargs, assistant=draft), target.generate(**kwargs))
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"num_assistant_tokens": 1},
+        {"num_assistant_tokens": 9},
+        {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "heuristic"},
+        {"num_assistant_tokens": 8, "assistant_confidence_threshold": 0.6},
+    ],
+)
+def test_draft_length_policies_keep_identity(policy: dict) -> None:
+    target = tiny_target("mistral")
+    draft = tiny_model("mistral", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(3, seed=5)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(target.generate(**kwargs, assistant=draft, **policy), target.generate(**kwargs))
+
+
+def test_cache_compaction_keeps_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Squeezing holes out of the caches after every step changes nothing but memory."""
+    import hf_specdec.decoding as decoding
+
+    compactions = []
+    original = decoding.CachedSequence.compact
+
+    def counting(self):
+        compactions.append(self.num_slots)
+        original(self)
+
+    monkeypatch.setattr(decoding, "_MIN_WASTE", 0)  # compact after every step
+    monkeypatch.setattr(decoding, "_COMPACT_FRACTION", 0.0)
+    monkeypatch.setattr(decoding.CachedSequence, "compact", counting)
+    target = tiny_target("llama")
+    draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(3, seed=2)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(target.generate(**kwargs, assistant=draft), target.generate(**kwargs))
+    assert compactions

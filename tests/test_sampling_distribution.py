@@ -1,0 +1,315 @@
+"""Statistical tests that speculative sampling emits exactly the target's distribution.
+
+A tiny-vocabulary target and a clearly different draft decode a few thousand copies of one prompt in one
+batch (rows are independent samples). The target's exact distribution over the next tokens is enumerated
+with plain forward passes (vocab**depth sequences), through the same logits warpers `generate()` applies,
+and the samples are compared with it by chi-square goodness-of-fit tests:
+
+    the 1st token, the first 2 and first 3 tokens jointly, the 4th token, and the 3rd and 4th jointly.
+
+With `max_new_tokens=4` the 1st token comes from the prefill; tokens 2-4 come from speculative steps, so
+they are accepted drafts, resamples from the residual at draft positions 1, 2 and 3, and (with
+`num_assistant_tokens=2`) bonus tokens, which land on the 4th token.
+
+Significance level: a check fails when p < ALPHA = 1e-3. Every run uses a fixed generator seed, so the
+tests are deterministic; with ~40 checks in the file a correct implementation would fail one of them for
+about 4% of seeds, and these seeds pass. The negative controls require p < 1e-6 for broken rules, so the
+checks have power against the errors an acceptance rule is likely to contain.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    PreTrainedModel,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_specdec
+import hf_specdec.decoding
+from hf_specdec.acceptance import residual_distribution
+
+VOCAB = 8
+PAD = 0
+MAX_NEW = 4
+NUM_SAMPLES = 4000  # rows per prompt
+ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
+POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
+PROMPT_A = (1, 5, 2, 7, 3)
+PROMPT_B = (6, 4)  # shorter, left-padded when batched with PROMPT_A
+
+SAMPLING = {
+    "plain": {"temperature": 1.0, "top_k": None, "top_p": None},
+    # top_k keeps 6 of 8 tokens, top_p then trims the tail further at most positions
+    "warped": {"temperature": 0.7, "top_k": 6, "top_p": 0.9},
+}
+
+# (name, slice of generated token indices tested jointly)
+CHECKS = (
+    ("token 1", slice(0, 1)),
+    ("tokens 1-2", slice(0, 2)),
+    ("tokens 1-3", slice(0, 3)),
+    ("token 4", slice(3, 4)),
+    ("tokens 3-4", slice(2, 4)),
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Models and exact distributions
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _tiny_llama(seed: int, num_layers: int, sharpen: float) -> PreTrainedModel:
+    """A seeded random Llama over VOCAB tokens in float32; `sharpen` scales the output layer (peakier)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=None,  # no early stops: every row generates exactly MAX_NEW tokens
+        pad_token_id=PAD,
+        bos_token_id=None,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+@functools.cache
+def _models() -> tuple[PreTrainedModel, PreTrainedModel]:
+    target = hf_specdec.speculative(_tiny_llama(seed=0, num_layers=2, sharpen=8.0))
+    draft = _tiny_llama(seed=1, num_layers=1, sharpen=8.0)  # different weights and depth
+    return target, draft
+
+
+def _warpers(temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
+    """The warpers `generate(do_sample=True)` builds, in transformers' order
+    (`GenerationMixin._get_logits_processor`: temperature, top-k, top-p)."""
+    processors = LogitsProcessorList()
+    if temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        processors.append(TopKLogitsWarper(top_k=top_k))
+    if top_p is not None and top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p=top_p))
+    return processors
+
+
+@torch.no_grad()
+def _exact_joint(model: PreTrainedModel, prompt: tuple[int, ...], processors: LogitsProcessorList) -> torch.Tensor:
+    """The model's exact distribution over its next MAX_NEW tokens, by enumeration.
+
+    Returns a float64 tensor of shape `(VOCAB,) * MAX_NEW`: entry `[t1, ..., tn]` is P(t1, ..., tn | prompt).
+    """
+    sequences = torch.tensor([prompt])  # (prefixes, length); prefix i spells i in base VOCAB
+    joint = torch.ones(1, dtype=torch.float64)
+    for _ in range(MAX_NEW):
+        logits = model(sequences).logits[:, -1].float()  # (prefixes, V)
+        scores = processors(sequences, logits)
+        probs = torch.softmax(scores.double(), dim=-1)  # (prefixes, V)
+        joint = (joint[:, None] * probs).reshape(-1)
+        tokens = torch.arange(VOCAB).repeat(sequences.shape[0])[:, None]
+        sequences = torch.cat([sequences.repeat_interleave(VOCAB, dim=0), tokens], dim=1)
+    return joint.reshape((VOCAB,) * MAX_NEW)
+
+
+def _marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
+    """Marginal of a `(VOCAB,) * MAX_NEW` joint over the generated tokens in `columns`."""
+    keep = set(range(MAX_NEW)[columns])
+    others = tuple(d for d in range(MAX_NEW) if d not in keep)
+    return joint.sum(dim=others) if others else joint
+
+
+@functools.cache
+def _target_joint(prompt: tuple[int, ...], mode: str) -> torch.Tensor:
+    return _exact_joint(_models()[0], prompt, _warpers(**SAMPLING[mode]))
+
+
+@functools.cache
+def _draft_joint(prompt: tuple[int, ...], mode: str) -> torch.Tensor:
+    return _exact_joint(_models()[1], prompt, _warpers(**SAMPLING[mode]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling and the goodness-of-fit test
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _speculative_samples(
+    prompts: tuple[tuple[int, ...], ...], num_assistant_tokens: int, mode: str, seed: int
+) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
+    """Generate MAX_NEW tokens for NUM_SAMPLES copies of each prompt in one left-padded batch, rows of the
+    prompts interleaved. Returns the generated tokens `(NUM_SAMPLES, MAX_NEW)` of each prompt and the stats."""
+    target, draft = _models()
+    width = max(len(p) for p in prompts)
+    rows = [prompts[i % len(prompts)] for i in range(NUM_SAMPLES * len(prompts))]
+    input_ids = torch.tensor([(PAD,) * (width - len(p)) + p for p in rows])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant=draft,
+        num_assistant_tokens=num_assistant_tokens,
+        do_sample=True,
+        max_new_tokens=MAX_NEW,
+        generator=torch.Generator().manual_seed(seed),
+        return_dict_in_generate=True,
+        **sampling,
+    )
+    assert out.sequences.shape == (len(rows), width + MAX_NEW)
+    assert torch.equal(out.sequences[:, :width], input_ids)
+    generated = out.sequences[:, width:]
+    return [generated[i :: len(prompts)] for i in range(len(prompts))], out.speculative
+
+
+@functools.cache
+def _cached_samples(
+    prompts: tuple[tuple[int, ...], ...], num_assistant_tokens: int, mode: str, seed: int
+) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
+    return _speculative_samples(prompts, num_assistant_tokens, mode, seed)
+
+
+def _chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness-of-fit p-value of `samples` `(n, d)` (token ids) against `probs` `(VOCAB,) * d`.
+
+    Cells with zero probability must never be sampled (asserted); cells with expected count < 5 are pooled,
+    and the pool is merged into the smallest other cell when it is itself below 5.
+    """
+    n, d = samples.shape
+    codes = (samples * VOCAB ** torch.arange(d - 1, -1, -1)).sum(dim=1).numpy()
+    observed = np.bincount(codes, minlength=VOCAB**d).astype(np.float64)
+    p = probs.reshape(-1).numpy().astype(np.float64)
+    impossible = p == 0
+    assert observed[impossible].sum() == 0, f"{int(observed[impossible].sum())} samples have probability 0"
+    expected = p / p.sum() * n
+    large = expected >= 5
+    obs, exp = list(observed[large]), list(expected[large])
+    small = ~large & ~impossible
+    if small.any():
+        pooled_obs, pooled_exp = observed[small].sum(), expected[small].sum()
+        if pooled_exp >= 5 or not exp:
+            obs.append(pooled_obs)
+            exp.append(pooled_exp)
+        else:
+            i = int(np.argmin(exp))
+            obs[i] += pooled_obs
+            exp[i] += pooled_exp
+    assert len(exp) >= 2, "too few cells for a chi-square test"
+    return float(chisquare(obs, exp).pvalue)
+
+
+def _pvalues(samples: torch.Tensor, joint: torch.Tensor) -> dict[str, float]:
+    return {name: _chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in CHECKS}
+
+
+def _check_acceptance(stats: hf_specdec.SpeculativeStats, num_assistant_tokens: int) -> None:
+    """Both paths must really run: drafts are accepted and rejected often, at every draft position."""
+    rate = stats.summary()["acceptance_rate"]
+    assert 0.1 < rate < 0.95, rate
+    drafted, accepted = stats.drafted_at_position, stats.accepted_at_position
+    assert drafted.numel() == num_assistant_tokens
+    assert bool((accepted > 0).all() and (accepted < drafted).all()), (drafted, accepted)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_assistant_tokens", [2, 3])
+@pytest.mark.parametrize("mode", ["plain", "warped"])
+def test_samples_follow_target_distribution(mode: str, num_assistant_tokens: int) -> None:
+    (samples,), stats = _cached_samples((PROMPT_A,), num_assistant_tokens, mode, seed=1234)
+    _check_acceptance(stats, num_assistant_tokens)
+    pvalues = _pvalues(samples, _target_joint(PROMPT_A, mode))
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
+def test_left_padded_ragged_batch_rows_follow_their_own_distribution() -> None:
+    """Two prompts of different lengths, interleaved in one left-padded batch: each row must follow the
+    distribution of its own (unpadded) prompt."""
+    (samples_a, samples_b), stats = _cached_samples((PROMPT_A, PROMPT_B), 2, "plain", seed=99)
+    _check_acceptance(stats, 2)
+    for samples, prompt in ((samples_a, PROMPT_A), (samples_b, PROMPT_B)):
+        pvalues = _pvalues(samples, _target_joint(prompt, "plain"))
+        assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
+    # The two prompts' distributions differ enough that rows following the other prompt would be caught.
+    swapped = _pvalues(samples_b, _target_joint(PROMPT_A, "plain"))
+    assert min(swapped.values()) < POWER_ALPHA, swapped
+
+
+def test_negative_control_draft_distribution_is_rejected() -> None:
+    """The checks can tell the target's distribution from what a rule that keeps the draft's proposals
+    would emit. The 1st token comes from the target's prefill, not from a speculative step, so the control
+    uses the first speculated token: tokens 1-2 jointly against p_target(t1) * q_draft(t2 | t1)."""
+    (samples,), _ = _cached_samples((PROMPT_A,), 2, "plain", seed=1234)
+    target_first = _marginal(_target_joint(PROMPT_A, "plain"), slice(0, 1))  # (V,)
+    draft_pair = _marginal(_draft_joint(PROMPT_A, "plain"), slice(0, 2))  # (V, V)
+    draft_next = draft_pair / draft_pair.sum(dim=1, keepdim=True)  # q(t2 | t1)
+    pvalue = _chisquare_pvalue(samples[:, :2], target_first[:, None] * draft_next)
+    assert pvalue < POWER_ALPHA, pvalue
+
+
+# Broken acceptance rules, with `speculative_sampling`'s signature, for the power tests below.
+
+
+def _accept_all(draft_tokens, q, p, generator=None):
+    """Keeps every draft (emits the draft's distribution), then a bonus token from p."""
+    batch, k = draft_tokens.shape
+    next_token = torch.multinomial(p[:, k], 1, generator=generator).squeeze(1)
+    return torch.full((batch,), k, dtype=torch.long, device=p.device), next_token
+
+
+def _resample_from_target(draft_tokens, q, p, generator=None):
+    """Correct acceptance test, but resamples from p instead of the residual max(0, p - q) after a rejection."""
+    batch, k = draft_tokens.shape
+    p_x = p[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)
+    q_x = q.gather(2, draft_tokens[..., None]).squeeze(2)
+    u = torch.rand((batch, k), dtype=p.dtype, generator=generator)
+    num_accepted = (u * q_x < p_x).long().cumprod(dim=1).sum(dim=1)
+    final = p[torch.arange(batch), num_accepted]
+    return num_accepted, torch.multinomial(final, 1, generator=generator).squeeze(1)
+
+
+def _accept_with_target_probability(draft_tokens, q, p, generator=None):
+    """Accepts a draft with probability p(x) instead of min(1, p(x) / q(x)); residual as usual."""
+    batch, k = draft_tokens.shape
+    p_x = p[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)
+    u = torch.rand((batch, k), dtype=p.dtype, generator=generator)
+    num_accepted = (u < p_x).long().cumprod(dim=1).sum(dim=1)
+    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+    rows = torch.arange(batch)
+    final = residual_distribution(p[rows, num_accepted], q_padded[rows, num_accepted])
+    return num_accepted, torch.multinomial(final, 1, generator=generator).squeeze(1)
+
+
+@pytest.mark.parametrize(
+    "broken_rule",
+    [_accept_all, _resample_from_target, _accept_with_target_probability],
+    ids=["accept_all", "resample_from_target", "accept_with_p"],
+)
+def test_negative_control_broken_acceptance_rules_are_detected(
+    broken_rule: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same checks as the positive tests reject the output of broken acceptance rules (p < 1e-6)."""
+    monkeypatch.setattr(hf_specdec.decoding, "speculative_sampling", broken_rule)
+    (samples,), _ = _speculative_samples((PROMPT_A,), 2, "plain", seed=1234)
+    pvalues = _pvalues(samples, _target_joint(PROMPT_A, "plain"))
+    assert min(pvalues.values()) < POWER_ALPHA, pvalues
