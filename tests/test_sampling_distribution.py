@@ -20,7 +20,7 @@ checks have power against the errors an acceptance rule is likely to contain.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -38,12 +38,12 @@ from transformers import (
 
 import hf_specdec
 import hf_specdec.decoding
-from hf_specdec.acceptance import residual_distribution
+from hf_specdec.acceptance import residual_distribution, speculative_sampling
 
 VOCAB = 8
 PAD = 0
 MAX_NEW = 4
-NUM_SAMPLES = 4000  # rows per prompt
+NUM_SAMPLES = 10000  # rows per prompt
 ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
 POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
 PROMPT_A = (1, 5, 2, 7, 3)
@@ -68,6 +68,16 @@ CHECKS = (
 # ---------------------------------------------------------------------------------------------------------
 # Models and exact distributions
 # ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread() -> Iterator[None]:
+    """One intra-op thread: these tiny models run ~0.3 s per generate() call single-threaded, but can take
+    20x longer with 2 threads on a busy 2-core machine (threads spin-waiting on each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _tiny_llama(seed: int, num_layers: int, sharpen: float) -> PreTrainedModel:
@@ -242,16 +252,17 @@ def test_samples_follow_target_distribution(mode: str, num_assistant_tokens: int
     assert min(pvalues.values()) >= ALPHA, pvalues
 
 
-def test_left_padded_ragged_batch_rows_follow_their_own_distribution() -> None:
+@pytest.mark.parametrize(("mode", "num_assistant_tokens"), [("plain", 2), ("warped", 3)])
+def test_left_padded_ragged_batch_rows_follow_their_own_distribution(mode: str, num_assistant_tokens: int) -> None:
     """Two prompts of different lengths, interleaved in one left-padded batch: each row must follow the
     distribution of its own (unpadded) prompt."""
-    (samples_a, samples_b), stats = _cached_samples((PROMPT_A, PROMPT_B), 2, "plain", seed=99)
-    _check_acceptance(stats, 2)
+    (samples_a, samples_b), stats = _cached_samples((PROMPT_A, PROMPT_B), num_assistant_tokens, mode, seed=99)
+    _check_acceptance(stats, num_assistant_tokens)
     for samples, prompt in ((samples_a, PROMPT_A), (samples_b, PROMPT_B)):
-        pvalues = _pvalues(samples, _target_joint(prompt, "plain"))
+        pvalues = _pvalues(samples, _target_joint(prompt, mode))
         assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
     # The two prompts' distributions differ enough that rows following the other prompt would be caught.
-    swapped = _pvalues(samples_b, _target_joint(PROMPT_A, "plain"))
+    swapped = _pvalues(samples_b, _target_joint(PROMPT_A, mode))
     assert min(swapped.values()) < POWER_ALPHA, swapped
 
 
@@ -300,10 +311,18 @@ def _accept_with_target_probability(draft_tokens, q, p, generator=None):
     return num_accepted, torch.multinomial(final, 1, generator=generator).squeeze(1)
 
 
+def _bonus_from_last_draft_position(draft_tokens, q, p, generator=None):
+    """Correct, except that the bonus token (all k drafts accepted) is drawn from p at the k-th draft's
+    position instead of the position after it. Only the 3rd and 4th tokens jointly can see this."""
+    k = draft_tokens.shape[1]
+    shifted = torch.cat([p[:, :k], p[:, k - 1 : k]], dim=1)
+    return speculative_sampling(draft_tokens, q, shifted, generator)
+
+
 @pytest.mark.parametrize(
     "broken_rule",
-    [_accept_all, _resample_from_target, _accept_with_target_probability],
-    ids=["accept_all", "resample_from_target", "accept_with_p"],
+    [_accept_all, _resample_from_target, _accept_with_target_probability, _bonus_from_last_draft_position],
+    ids=["accept_all", "resample_from_target", "accept_with_p", "bonus_off_by_one"],
 )
 def test_negative_control_broken_acceptance_rules_are_detected(
     broken_rule: Callable, monkeypatch: pytest.MonkeyPatch

@@ -1,0 +1,82 @@
+"""Bad input gets a clear error that says what to do; nothing is silently ignored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
+
+import hf_specdec
+from tests.tiny_models import ragged_batch, tiny_model, tiny_target
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1)
+
+
+def _generate(target, draft, **kwargs):
+    ids, mask = ragged_batch(2)
+    return target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, assistant=draft, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_beams": 2}, "Beam search"),
+        ({"output_scores": True, "return_dict_in_generate": True}, "not available with `assistant=`"),
+        ({"num_assistant_tokens": 0}, "positive integer"),
+        ({"num_assistant_tokens_schedule": "sometimes"}, "not supported"),
+        ({"assistant_confidence_threshold": 1.5}, r"\[0, 1\)"),
+        ({"stop_strings": ["foo"]}, "tokenizer"),
+    ],
+)
+def test_unsupported_settings(pair, kwargs: dict, message: str) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match=message):
+        _generate(target, draft, **kwargs)
+
+
+def test_model_inputs_that_drafting_cannot_carry() -> None:
+    target, draft = tiny_target("gpt2"), tiny_model("gpt2", seed=0, num_layers=1)
+    with pytest.raises(ValueError, match="`input_ids` and `attention_mask` only"):
+        _generate(target, draft, token_type_ids=torch.zeros(2, 10, dtype=torch.long))
+
+
+def test_assistant_and_assistant_model_together(pair) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match="assistant_model"):
+        _generate(target, draft, assistant_model=draft)
+
+
+def test_vocabulary_size_mismatch_without_tokenizers(pair) -> None:
+    target, _ = pair
+    config = LlamaConfig(**{**target.config.to_dict(), "vocab_size": 100})
+    with pytest.raises(ValueError, match="pass `tokenizer=` and `assistant_tokenizer=`"):
+        _generate(target, LlamaForCausalLM(config).eval())
+
+
+def test_different_special_tokens(pair) -> None:
+    target, _ = pair
+    config = LlamaConfig(**{**target.config.to_dict(), "eos_token_id": 4})
+    with pytest.raises(ValueError, match="eos_token_id"):
+        _generate(target, LlamaForCausalLM(config).eval())
+
+
+def test_encoder_decoder_target() -> None:
+    config = T5Config(vocab_size=96, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, decoder_start_token_id=0)
+    t5 = hf_specdec.speculative(T5ForConditionalGeneration(config).eval())
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        t5.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=3, assistant=t5)
+
+
+def test_attention_implementation_without_4d_masks(pair) -> None:
+    target = tiny_target("llama")
+    target.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        _generate(target, pair[1])
+
+
+def test_speculative_rejects_non_models() -> None:
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        hf_specdec.speculative(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
