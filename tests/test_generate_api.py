@@ -78,7 +78,7 @@ class _Collect(BaseStreamer):
 
 def test_streamer_receives_prompt_then_every_committed_token() -> None:
     target = tiny_target("llama")
-    ids, mask = ragged_batch(1)
+    ids, _ = ragged_batch(1)
     streamer = _Collect()
     # The target drafting for itself: every draft accepted, so tokens arrive several at a time.
     out = target.generate(input_ids=ids, max_new_tokens=20, do_sample=False, assistant=target, streamer=streamer)

@@ -43,7 +43,7 @@ from hf_specdec.acceptance import residual_distribution, speculative_sampling
 VOCAB = 8
 PAD = 0
 MAX_NEW = 4
-NUM_SAMPLES = 10000  # rows per prompt
+NUM_SAMPLES = 8000  # rows per prompt
 ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
 POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
 PROMPT_A = (1, 5, 2, 7, 3)
@@ -199,15 +199,16 @@ def _cached_samples(
 def _chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
     """Chi-square goodness-of-fit p-value of `samples` `(n, d)` (token ids) against `probs` `(VOCAB,) * d`.
 
-    Cells with zero probability must never be sampled (asserted); cells with expected count < 5 are pooled,
-    and the pool is merged into the smallest other cell when it is itself below 5.
+    A sample in a cell of zero probability gives p = 0. Cells with expected count < 5 are pooled, and the
+    pool is merged into the smallest other cell when it is itself below 5.
     """
     n, d = samples.shape
     codes = (samples * VOCAB ** torch.arange(d - 1, -1, -1)).sum(dim=1).numpy()
     observed = np.bincount(codes, minlength=VOCAB**d).astype(np.float64)
     p = probs.reshape(-1).numpy().astype(np.float64)
     impossible = p == 0
-    assert observed[impossible].sum() == 0, f"{int(observed[impossible].sum())} samples have probability 0"
+    if observed[impossible].any():
+        return 0.0
     expected = p / p.sum() * n
     large = expected >= 5
     obs, exp = list(observed[large]), list(expected[large])

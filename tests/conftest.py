@@ -1,0 +1,21 @@
+"""Shared test settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _threads_for_tiny_models(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tiny models run fastest on one thread (two threads mostly wait on each other on a busy 2-core machine);
+    real models keep torch's default."""
+    if request.node.get_closest_marker("real_model") is not None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
