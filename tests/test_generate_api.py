@@ -148,3 +148,35 @@ def test_draft_with_a_padded_vocabulary_and_the_same_tokenizer() -> None:
         assert "different vocabularies" in str(error)
     else:
         raise AssertionError("different tokenizers must be refused")
+
+
+def test_user_logits_processor_and_prefix_constraint_keep_identity() -> None:
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class BanOddTokens(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            scores = scores.clone()
+            scores[:, 1::2] = float("-inf")
+            return scores
+
+    target, draft = _pair()
+    ids, mask = ragged_batch(3, seed=9)
+
+    def allowed(batch_id: int, prefix: torch.Tensor) -> list[int]:
+        return list(range(4 + batch_id, VOCAB, 3))  # depends on the row, as the hook allows
+
+    for extra in ({"logits_processor": LogitsProcessorList([BanOddTokens()])}, {"prefix_allowed_tokens_fn": allowed}):
+        kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, do_sample=False, **extra)
+        assert torch.equal(target.generate(**kwargs, assistant=draft), target.generate(**kwargs))
+
+
+def test_inputs_embeds_are_refused() -> None:
+    target, draft = _pair()
+    ids, mask = ragged_batch(2)
+    embeds = target.get_input_embeddings()(ids)
+    try:
+        target.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=4, assistant=draft)
+    except ValueError as error:
+        assert "input_ids" in str(error)
+    else:
+        raise AssertionError("inputs_embeds must be refused")

@@ -1,0 +1,93 @@
+"""Side by side: plain `generate()` against `generate(assistant=draft)` on real models and prompts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+import hf_specdec
+from hf_specdec.zoo import load_model
+
+DEFAULT_PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Explain what a hash map is and when to use one, in a short paragraph.",
+]
+
+
+@dataclass
+class Run:
+    """One timed generation."""
+
+    sequences: torch.Tensor
+    seconds: float
+    new_tokens: int
+    stats: hf_specdec.SpeculativeStats | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+def chat_inputs(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """Render prompts with the tokenizer's chat template (when it has one) and left-pad them into a batch."""
+    if tokenizer.chat_template:
+        prompts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
+    return dict(tokenizer(prompts, return_tensors="pt", padding=True))
+
+
+def _count_new(sequences: torch.Tensor, prompt_length: int, pad_token_id: int | None) -> int:
+    new = sequences[:, prompt_length:]
+    return int((new != pad_token_id).sum()) if pad_token_id is not None else new.numel()
+
+
+def timed_generate(model: PreTrainedModel, inputs: dict, pad_token_id: int | None, **kwargs) -> Run:
+    start = time.perf_counter()
+    out = model.generate(**inputs, return_dict_in_generate=True, **kwargs)
+    seconds = time.perf_counter() - start
+    new = _count_new(out.sequences, inputs["input_ids"].shape[1], pad_token_id)
+    return Run(out.sequences, seconds, new, getattr(out, "speculative", None))
+
+
+def run_demo(
+    target_name: str,
+    draft_name: str,
+    prompts: list[str],
+    max_new_tokens: int,
+    dtype: torch.dtype,
+    num_assistant_tokens: int | None,
+) -> bool:
+    """Print both generations with their speed; returns whether the tokens were identical."""
+    print(f"loading target {target_name} and draft {draft_name} ({dtype}) ...", flush=True)
+    target, tokenizer = load_model(target_name, dtype=dtype)
+    draft, _ = load_model(draft_name, dtype=dtype)
+    hf_specdec.speculative(target)
+    inputs = chat_inputs(tokenizer, prompts)
+    pad = tokenizer.pad_token_id
+    greedy = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    spec = dict(greedy, assistant=draft)
+    if num_assistant_tokens is not None:
+        spec["num_assistant_tokens"] = num_assistant_tokens
+    timed_generate(target, inputs, pad, **dict(greedy, max_new_tokens=4))  # warm-up
+    plain = timed_generate(target, inputs, pad, **greedy)
+    fast = timed_generate(target, inputs, pad, **spec)
+    prompt_length = inputs["input_ids"].shape[1]
+    for title, run in (("plain generate()", plain), ("generate(assistant=draft)", fast)):
+        print(f"\n=== {title}: {run.new_tokens} tokens in {run.seconds:.1f} s, {run.tokens_per_second:.1f} tokens/s")
+        for row in run.sequences[:, prompt_length:]:
+            print("---", tokenizer.decode(row, skip_special_tokens=True).strip())
+    assert fast.stats is not None
+    summary = fast.stats.summary()
+    identical = torch.equal(plain.sequences, fast.sequences)
+    print(
+        f"\nspeedup {plain.seconds / fast.seconds:.2f}x, "
+        f"{summary['tau']:.2f} tokens per target forward (accepted drafts + 1), "
+        f"{summary['acceptance_rate']:.0%} of drafted tokens accepted, "
+        f"identical tokens: {'yes' if identical else 'NO'}"
+    )
+    return identical
