@@ -51,7 +51,13 @@ def test_mixin_can_be_inherited_directly() -> None:
 def test_generation_config_object_and_dict_output() -> None:
     target, draft = _pair()
     ids, mask = ragged_batch(3)
-    config = GenerationConfig(max_new_tokens=15, do_sample=False, num_assistant_tokens=3, return_dict_in_generate=True)
+    config = GenerationConfig(
+        max_new_tokens=15,
+        do_sample=False,
+        num_assistant_tokens=3,
+        num_assistant_tokens_schedule="constant",
+        return_dict_in_generate=True,
+    )
     out = target.generate(input_ids=ids, attention_mask=mask, generation_config=config, assistant=draft)
     assert isinstance(out, hf_specdec.SpeculativeDecoderOnlyOutput)
     plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=15, do_sample=False)

@@ -102,7 +102,8 @@ def test_prefix_dependent_processors_keep_identity(processing: dict) -> None:
     "policy",
     [
         {"num_assistant_tokens": 1},
-        {"num_assistant_tokens": 9},
+        {"num_assistant_tokens": 9, "num_assistant_tokens_schedule": "constant"},
+        {"num_assistant_tokens": 12, "num_assistant_tokens_schedule": "adaptive"},
         {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "heuristic"},
         {"num_assistant_tokens": 8, "assistant_confidence_threshold": 0.6},
     ],

@@ -177,6 +177,7 @@ def _speculative_samples(
         attention_mask=attention_mask,
         assistant=draft,
         num_assistant_tokens=num_assistant_tokens,
+        num_assistant_tokens_schedule="constant",  # every step drafts exactly this many
         do_sample=True,
         max_new_tokens=MAX_NEW,
         generator=torch.Generator().manual_seed(seed),

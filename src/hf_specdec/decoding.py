@@ -7,6 +7,7 @@ plain decoding. Every row of the batch runs its own acceptance; finished rows le
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -122,8 +123,10 @@ def speculative_decode(
             next_position, last_token = next_position[keep], last_token[keep]
 
         # Draft: k tokens per row from the draft model.
+        started = time.perf_counter()
         draft_tokens, q = drafter.propose(buffer, next_position, draft_length)  # (A, k), (A, k, V) | None
         k = draft_tokens.shape[1]
+        drafted = time.perf_counter()
 
         # Verify: one target forward over the last committed token and the k drafts.
         verify_ids = torch.cat([last_token[:, None], draft_tokens], dim=1)  # (A, k+1)
@@ -143,8 +146,9 @@ def speculative_decode(
             num_accepted, next_token = speculative_sampling(draft_tokens, q, p, generator)
         else:
             num_accepted, next_token = greedy_accept(draft_tokens, scores)
-        stats.record_step(buffer.active, k, num_accepted)
+        stats.record_step(buffer.active, k, num_accepted)  # moves counts to the host: the step is done
         draft_length.update(k, num_accepted)
+        draft_length.observe_costs(drafted - started, k, time.perf_counter() - drafted)
 
         # Commit: append the accepted tokens, roll both caches back to them.
         new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)

@@ -46,11 +46,11 @@ def _count_new(sequences: torch.Tensor, prompt_length: int, pad_token_id: int | 
     return int((new != pad_token_id).sum()) if pad_token_id is not None else new.numel()
 
 
-def timed_generate(model: PreTrainedModel, inputs: dict, pad_token_id: int | None, **kwargs) -> Run:
+def timed_generate(model: PreTrainedModel, inputs: dict, pad: int | None, **kwargs) -> Run:
     start = time.perf_counter()
     out = model.generate(**inputs, return_dict_in_generate=True, **kwargs)
     seconds = time.perf_counter() - start
-    new = _count_new(out.sequences, inputs["input_ids"].shape[1], pad_token_id)
+    new = _count_new(out.sequences, inputs["input_ids"].shape[1], pad)
     return Run(out.sequences, seconds, new, getattr(out, "speculative", None))
 
 

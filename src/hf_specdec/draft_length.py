@@ -1,41 +1,54 @@
-"""How many tokens to draft in the next step.
+"""How many tokens to draft in each step.
 
-Two policies, named as in transformers' `GenerationConfig.num_assistant_tokens_schedule`:
+Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_schedule`:
 
 - `"constant"`: always `num_assistant_tokens`.
-- `"heuristic"`: grow by 2 after a step in which every row accepted everything, shrink by 1 otherwise
-  (transformers' assisted-generation schedule, applied to a whole batch).
+- `"heuristic"`: transformers' assisted-generation schedule, for a whole batch: grow by 2 after a step
+  in which every row accepted everything, shrink by 1 otherwise.
+- `"adaptive"` (this library's default): draft up to `num_assistant_tokens`, but stop as soon as the
+  next draft forward is expected to cost more than it brings. A draft forward costs `c` target
+  forwards (measured while decoding, the draft's parameter share as the first guess). Drafting one more
+  token gains, per row, the probability that all drafts so far *and* the next one are accepted, which
+  the draft's own confidence estimates (its top probability at each position, multiplied along the
+  chain). Drafting goes on while that expected gain, averaged over the batch's rows, exceeds `c`.
 
-Independently, `assistant_confidence_threshold` stops drafting early in a step once the draft's top
-probability falls below the threshold in every active row: a draft that is unsure is usually wrong, and
-each draft forward costs time on its own.
+Independently, `assistant_confidence_threshold` stops drafting once the draft's top probability falls
+below the threshold in every row (transformers' rule).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-SCHEDULES = ("constant", "heuristic")
+SCHEDULES = ("constant", "heuristic", "adaptive")
+
+# Weight of the newest measurement in the running estimate of the draft/target cost ratio.
+_COST_SMOOTHING = 0.2
 
 
 @dataclass
 class DraftLengthPolicy:
-    """Chooses the number of drafted tokens per step from the acceptance history.
+    """Chooses the number of drafted tokens per step.
 
     Args:
-        num_tokens (`int`): the (initial) number of tokens to draft per step.
-        schedule (`str`): `"constant"` or `"heuristic"`.
+        num_tokens (`int`): tokens to draft per step (the initial value for "heuristic", the most for
+            "adaptive").
+        schedule (`str`): `"constant"`, `"heuristic"` or `"adaptive"`.
         confidence_threshold (`float`, *optional*): stop drafting when the draft's top probability is below
-            this in every row; `None` never stops early.
+            this in every row; `None` never stops on it.
+        cost_ratio (`float`): the first estimate of a draft forward's cost in target forwards ("adaptive").
         max_tokens (`int`): the most tokens the heuristic schedule may grow to.
     """
 
-    num_tokens: int = 6
-    schedule: str = "constant"
+    num_tokens: int = 8
+    schedule: str = "adaptive"
     confidence_threshold: float | None = None
+    cost_ratio: float = 0.3
     max_tokens: int = 16
+    _current: int = field(init=False, repr=False)
+    _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_tokens, int) or self.num_tokens < 1:
@@ -46,19 +59,36 @@ class DraftLengthPolicy:
             )
         if self.confidence_threshold is not None and not 0.0 <= self.confidence_threshold < 1.0:
             raise ValueError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold!r}.")
+        if not self.cost_ratio >= 0.0:
+            raise ValueError(f"The draft's cost ratio must be non-negative, got {self.cost_ratio!r}.")
         self.max_tokens = max(self.max_tokens, self.num_tokens)
         self._current = self.num_tokens
 
     @property
     def current(self) -> int:
-        """The number of tokens to draft in the next step."""
+        """The most tokens to draft in the next step."""
         return self._current
 
+    @property
+    def may_stop(self) -> bool:
+        """Whether drafting can stop before `current` tokens (then the draft's probabilities are needed)."""
+        return self.schedule == "adaptive" or self.confidence_threshold is not None
+
+    def start_step(self) -> None:
+        """Forget the previous step's chain of confidences."""
+        self._survival = None
+
     def should_stop(self, draft_probs: torch.Tensor) -> bool:
-        """Whether to stop drafting after a token whose draft probabilities are `draft_probs` `(batch, vocab)`."""
-        if self.confidence_threshold is None:
+        """Whether to stop drafting after a token drafted from `draft_probs` `(batch, vocab)`."""
+        confidence = draft_probs.max(dim=-1).values  # (B,)
+        if self.confidence_threshold is not None and bool((confidence < self.confidence_threshold).all()):
+            return True
+        if self.schedule != "adaptive":
             return False
-        return bool((draft_probs.max(dim=-1).values < self.confidence_threshold).all())
+        survival = confidence if self._survival is None else self._survival * confidence  # (B,) P(all accepted)
+        self._survival = survival
+        expected_gain = float((survival * confidence).mean())  # of one more draft, in tokens per row
+        return expected_gain < self.cost_ratio
 
     def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
         """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
@@ -67,3 +97,10 @@ class DraftLengthPolicy:
                 self._current = min(self._current + 2, self.max_tokens)
             else:
                 self._current = max(self._current - 1, 1)
+
+    def observe_costs(self, draft_seconds: float, num_draft_forwards: int, verify_seconds: float) -> None:
+        """Refine the draft/target cost ratio from one step's timings (a running average)."""
+        if num_draft_forwards == 0 or verify_seconds <= 0:
+            return
+        ratio = draft_seconds / num_draft_forwards / verify_seconds
+        self.cost_ratio = (1 - _COST_SMOOTHING) * self.cost_ratio + _COST_SMOOTHING * ratio

@@ -99,6 +99,7 @@ class DraftModelDrafter:
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         self._fed = width
+        policy.start_step()
         for j in range(policy.current):
             logits = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1).logits
             logits = self._to_target_vocab(logits[:, -1:].to(target_device, torch.float32))  # (A, 1, V)
@@ -111,8 +112,9 @@ class DraftModelDrafter:
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             buffer.write(j, token[:, None])
-            stop = policy.should_stop(q if self.do_sample else torch.softmax(scores, dim=-1))
-            if j + 1 == policy.current or stop:
+            if j + 1 == policy.current:
+                break
+            if policy.may_stop and policy.should_stop(q if self.do_sample else torch.softmax(scores, dim=-1)):
                 break
             ids = token[:, None].to(self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)

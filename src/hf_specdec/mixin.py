@@ -20,8 +20,8 @@ from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.validation import check_generation_config, check_models
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
-DEFAULT_NUM_ASSISTANT_TOKENS = 6
-DEFAULT_SCHEDULE = "constant"
+DEFAULT_NUM_ASSISTANT_TOKENS = 8
+DEFAULT_SCHEDULE = "adaptive"
 DEFAULT_CONFIDENCE_THRESHOLD: float | None = None
 
 
@@ -30,8 +30,9 @@ class SpeculativeGenerationMixin:
 
     Extra arguments of `generate()`:
         assistant (`PreTrainedModel`): a smaller causal LM with the target's vocabulary that drafts tokens.
-        num_assistant_tokens (`int`): tokens drafted per step (default 6).
-        num_assistant_tokens_schedule (`str`): `"constant"` (default) or `"heuristic"`.
+        num_assistant_tokens (`int`): tokens drafted per step; the most per step with "adaptive" (default 8).
+        num_assistant_tokens_schedule (`str`): `"adaptive"` (default: stop drafting when another draft forward
+            is expected to cost more than it brings), `"constant"` or `"heuristic"`.
         assistant_confidence_threshold (`float`): stop drafting once the draft's top probability falls below
             this in every row (default: off).
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
@@ -60,6 +61,7 @@ class SpeculativeGenerationMixin:
             num_tokens=_pick(config.num_assistant_tokens, DEFAULT_NUM_ASSISTANT_TOKENS),
             schedule=_pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE),
             confidence_threshold=_pick(config.assistant_confidence_threshold, DEFAULT_CONFIDENCE_THRESHOLD),
+            cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
         )
         kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
         decode = functools.partial(
@@ -111,6 +113,12 @@ def _stop_string_criteria(
     criteria = StoppingCriteriaList(criteria or [])
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     return criteria
+
+
+def _parameter_share(draft: PreTrainedModel, target: PreTrainedModel) -> float:
+    """The draft's size relative to the target's: a first guess of its cost per forward when decoding is
+    bound by reading the weights."""
+    return draft.num_parameters() / max(target.num_parameters(), 1)
 
 
 @functools.cache
