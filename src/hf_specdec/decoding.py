@@ -148,7 +148,10 @@ def speculative_decode(
             num_accepted, next_token = greedy_accept(draft_tokens, scores)
         stats.record_step(buffer.active, k, num_accepted)  # moves counts to the host: the step is done
         draft_length.update(k, num_accepted)
-        draft_length.observe_costs(drafted - started, k, time.perf_counter() - drafted)
+        verified = time.perf_counter()
+        draft_length.observe_costs(drafted - started, k, verified - drafted)
+        stats.draft_seconds += drafted - started
+        stats.verify_seconds += verified - drafted
 
         # Commit: append the accepted tokens, roll both caches back to them.
         new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)

@@ -26,6 +26,8 @@ class SpeculativeStats:
     accepted_tokens: torch.Tensor
     drafted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     accepted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
     @classmethod
     def zeros(cls, batch_size: int) -> SpeculativeStats:
@@ -69,6 +71,8 @@ class SpeculativeStats:
             "accepted_tokens": accepted,
             "tau": (accepted + forwards) / max(forwards, 1),
             "acceptance_rate": accepted / max(drafted, 1),
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
         }
 
 

@@ -1,0 +1,55 @@
+"""The decoding methods the benchmark compares, each a set of `generate()` keyword arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class Method:
+    """A way of calling `generate()`.
+
+    Attributes:
+        name: short name used in tables, JSON and plots.
+        kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model.
+        uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation) or `"specdec"` (this library).
+    """
+
+    name: str
+    uses: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def skip_reason(self, batch_size: int, has_draft: bool) -> str | None:
+        """Why this method cannot run in this setting, or `None` when it can."""
+        if self.uses != "plain" and not has_draft:
+            return "needs a draft model (--draft)"
+        if self.uses == "hf-assistant" and batch_size > 1:
+            return "transformers' assisted generation supports batch size 1 only"
+        return None
+
+    def generate_kwargs(self, draft: PreTrainedModel | None) -> dict[str, Any]:
+        resolved = {k: (draft if v == "{draft}" else v) for k, v in self.kwargs.items()}
+        return resolved
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("plain", "plain"),
+        Method("hf-assistant", "hf-assistant", {"assistant_model": "{draft}"}),
+        Method(
+            "hf-assistant-5h",
+            "hf-assistant",
+            {"assistant_model": "{draft}", "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic"},
+        ),
+        Method("specdec", "specdec", {"assistant": "{draft}"}),
+        Method(
+            "specdec-k4",
+            "specdec",
+            {"assistant": "{draft}", "num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"},
+        ),
+    ]
+}

@@ -1,0 +1,195 @@
+"""Run the methods on the prompts, interleaved batch by batch, and record what each did."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from hf_specdec.bench.methods import Method
+from hf_specdec.bench.prompts import Prompt
+from hf_specdec.demo import chat_inputs
+
+# A bf16 forward over several tokens rounds differently from one over a single token; a divergence from
+# plain greedy at a logit gap below this is a numerical tie, above it a bug (shared/GUIDE.md, Measuring).
+BF16_TIE_GAP = 0.25
+
+
+@dataclass
+class Sample:
+    """One method on one batch of prompts."""
+
+    method: str
+    batch: int
+    categories: list[str]
+    seconds: float
+    new_tokens: list[int]
+    target_forwards: list[int]
+    accepted_tokens: list[int] = field(default_factory=list)
+    drafted_at_position: list[int] = field(default_factory=list)
+    accepted_at_position: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    matches_plain: list[bool] | None = None
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+
+
+@dataclass
+class BenchmarkResult:
+    """Everything a benchmark run measured; `summary()` aggregates it per method."""
+
+    settings: dict[str, Any]
+    samples: list[Sample] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    cost_curve: dict[int, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "summary": self.summary(),
+            "skipped": self.skipped,
+            "cost_curve_seconds": self.cost_curve,
+            "samples": [asdict(s) for s in self.samples],
+        }
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        from hf_specdec.bench.report import summarize
+
+        return summarize(self)
+
+
+def _row_lengths(sequences: torch.Tensor, prompt_length: int, eos: list[int]) -> list[int]:
+    """New tokens per row: up to and including the first EOS, else all of them."""
+    generated = sequences[:, prompt_length:]
+    lengths = []
+    for row in generated:
+        is_eos = (
+            torch.isin(row, torch.tensor(eos, device=row.device)) if eos else torch.zeros_like(row, dtype=torch.bool)
+        )
+        hits = is_eos.nonzero()
+        lengths.append(int(hits[0]) + 1 if hits.numel() else row.numel())
+    return lengths
+
+
+@torch.no_grad()
+def _logit_gap(model: PreTrainedModel, reference: torch.Tensor, mask: torch.Tensor, position: int, other: int) -> float:
+    """The target's logit of the reference token minus that of `other`, at `position` of the reference row."""
+    logits = model(input_ids=reference[None, :position], attention_mask=mask[None, :position]).logits[0, -1].float()
+    return float(logits[reference[position]] - logits[other])
+
+
+def _compare(
+    model: PreTrainedModel,
+    plain: torch.Tensor,
+    out: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    lengths: list[int],
+) -> tuple[list[bool], list[dict[str, Any]]]:
+    prompt_length = inputs["input_ids"].shape[1]
+    matches, divergences = [], []
+    for row, length in enumerate(lengths):
+        a, b = plain[row, prompt_length : prompt_length + length], out[row, prompt_length : prompt_length + length]
+        same = a.shape == b.shape and torch.equal(a, b)
+        matches.append(same)
+        if same:
+            continue
+        width = min(a.numel(), b.numel())
+        differs = (a[:width] != b[:width]).nonzero()
+        first = int(differs[0]) if differs.numel() else width
+        if first >= width:  # one stopped earlier; nothing to compare token against token
+            divergences.append({"row": row, "position": first, "gap": None})
+            continue
+        full_mask = torch.ones_like(plain[row])
+        full_mask[:prompt_length] = inputs["attention_mask"][row]
+        gap = _logit_gap(model, plain[row], full_mask, prompt_length + first, int(b[first]))
+        divergences.append({"row": row, "position": first, "gap": gap, "tie": abs(gap) <= BF16_TIE_GAP})
+    return matches, divergences
+
+
+def _run_method(
+    method: Method,
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    inputs: dict[str, torch.Tensor],
+    generate_kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, float, Any, int | None]:
+    kwargs = {**generate_kwargs, **method.generate_kwargs(draft)}
+    if method.uses == "specdec":
+        kwargs["return_dict_in_generate"] = True
+    if target.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(target.device)
+        torch.cuda.synchronize(target.device)
+    start = time.perf_counter()
+    out = target.generate(**inputs, **kwargs)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated(target.device) if target.device.type == "cuda" else None
+    if method.uses == "specdec":
+        return out.sequences, seconds, out.speculative, peak
+    return out, seconds, None, peak
+
+
+def run_benchmark(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Prompt],
+    methods: list[Method],
+    draft: PreTrainedModel | None = None,
+    batch_size: int = 1,
+    max_new_tokens: int = 96,
+    do_sample: bool = False,
+    seed: int = 0,
+) -> BenchmarkResult:
+    """Run every method on every batch of prompts, in an order that rotates from batch to batch.
+
+    The first method must be `plain`: the others are compared to its outputs (greedy) and its speed.
+    """
+    if not methods or methods[0].uses != "plain":
+        raise ValueError("The first method must be plain generate(): the others are measured against it.")
+    result = BenchmarkResult(
+        settings={"batch_size": batch_size, "max_new_tokens": max_new_tokens, "do_sample": do_sample, "seed": seed}
+    )
+    runnable = []
+    for method in methods:
+        reason = method.skip_reason(batch_size, draft is not None)
+        if reason is None:
+            runnable.append(method)
+        else:
+            result.skipped[method.name] = reason
+    eos = target.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    warm = chat_inputs(tokenizer, [p.text for p in batches[0]])
+    for method in runnable:  # warm-up: first calls pay for allocations and lazy initialisation
+        _run_method(method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4})
+    for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
+        inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
+        order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
+        outputs: dict[str, tuple] = {}
+        for method in order:
+            torch.manual_seed(seed + index)
+            outputs[method.name] = _run_method(method, target, draft, inputs, generate_kwargs)
+        plain = outputs[runnable[0].name][0]
+        for method in runnable:
+            sequences, seconds, stats, peak = outputs[method.name]
+            lengths = _row_lengths(sequences, inputs["input_ids"].shape[1], eos)
+            forwards = list(lengths) if method.uses == "plain" else []  # plain: one forward per token
+            sample = Sample(method.name, index, [p.category for p in batch], seconds, lengths, forwards)
+            sample.peak_memory_bytes = peak
+            if stats is not None:
+                sample.target_forwards = [int(x) + 1 for x in stats.target_forwards]  # + the prefill
+                sample.accepted_tokens = stats.accepted_tokens.tolist()
+                sample.drafted_at_position = stats.drafted_at_position.tolist()
+                sample.accepted_at_position = stats.accepted_at_position.tolist()
+                sample.draft_seconds, sample.verify_seconds = stats.draft_seconds, stats.verify_seconds
+            if not do_sample and method is not runnable[0]:
+                sample.matches_plain, sample.divergences = _compare(target, plain, sequences, inputs, lengths)
+            result.samples.append(sample)
+    return result
