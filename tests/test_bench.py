@@ -1,0 +1,75 @@
+"""The benchmark machinery on tiny models (the real figures come from `hf-specdec bench`, see docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast
+
+from hf_specdec.bench import METHODS, Prompt, load_prompts, run_benchmark
+from hf_specdec.bench.cost_curve import verify_cost_curve
+from hf_specdec.bench.report import format_table, write_outputs
+from tests.tiny_models import PAD, VOCAB, tiny_model, tiny_target
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    backend = Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t2"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="t0", eos_token="t3", padding_side="left")
+
+
+PROMPTS = [
+    Prompt("code", "t5 t9 t14 t20 t33", "a"),
+    Prompt("chat", "t7 t8", "b"),
+    Prompt("code", "t40 t41 t42", "c"),
+    Prompt("math", "t50 t60 t70 t80", "d"),
+]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_benchmark_runs_methods_and_checks_identity(batch_size: int, tmp_path) -> None:
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    methods = [METHODS["plain"], METHODS["hf-assistant"], METHODS["specdec"], METHODS["specdec-k4"]]
+    result = run_benchmark(
+        target, _tokenizer(), PROMPTS, methods, draft=draft, batch_size=batch_size, max_new_tokens=12
+    )
+    summary = result.summary()
+    assert summary["plain"]["speedup_vs_plain"] == pytest.approx(1.0)
+    assert summary["specdec"]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+    assert summary["specdec"]["divergences"] == []
+    assert 1.0 <= summary["specdec-k4"]["tau"] <= 5.0
+    assert len(summary["specdec-k4"]["acceptance_by_position"]) == 4
+    if batch_size == 1:
+        assert "hf-assistant" in summary
+    else:
+        assert "batch size 1" in result.skipped["hf-assistant"]
+    assert "specdec" in format_table(summary)
+    files = write_outputs(result, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["summary"]["specdec"]["tokens"] > 0
+    assert all(f.exists() and f.stat().st_size > 0 for f in files)
+
+
+def test_first_method_must_be_plain() -> None:
+    with pytest.raises(ValueError, match="plain"):
+        run_benchmark(tiny_target("llama"), _tokenizer(), PROMPTS, [METHODS["specdec"]], draft=None)
+
+
+def test_cost_curve_has_every_size() -> None:
+    curve = verify_cost_curve(tiny_model("llama", seed=0), prefix_length=16, sizes=(1, 4), repeats=1)
+    assert set(curve) == {1, 4} and all(t > 0 for t in curve.values())
+
+
+def test_prompts_from_pypi_wheels_are_interleaved() -> None:
+    prompts = load_prompts(["mt-bench", "humaneval", "gsm8k"], 6)
+    assert [p.category for p in prompts] == ["mt-bench", "humaneval", "gsm8k"] * 2
+    assert all(p.text for p in prompts)
+    with pytest.raises(ValueError, match="Unknown prompt categories"):
+        load_prompts(["poetry"], 2)
+
+
+def test_pad_token_is_the_tokenizers() -> None:
+    assert _tokenizer().pad_token_id == PAD
