@@ -162,7 +162,7 @@ def _draft_joint(prompt: tuple[int, ...], mode: str) -> torch.Tensor:
 
 
 def _speculative_samples(
-    prompts: tuple[tuple[int, ...], ...], num_assistant_tokens: int, mode: str, seed: int
+    prompts: tuple[tuple[int, ...], ...], num_assistant_tokens: int, mode: str, seed: int, schedule: str = "constant"
 ) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
     """Generate MAX_NEW tokens for NUM_SAMPLES copies of each prompt in one left-padded batch, rows of the
     prompts interleaved. Returns the generated tokens `(NUM_SAMPLES, MAX_NEW)` of each prompt and the stats."""
@@ -177,7 +177,7 @@ def _speculative_samples(
         attention_mask=attention_mask,
         assistant=draft,
         num_assistant_tokens=num_assistant_tokens,
-        num_assistant_tokens_schedule="constant",  # every step drafts exactly this many
+        num_assistant_tokens_schedule=schedule,  # "constant": every step drafts exactly this many
         do_sample=True,
         max_new_tokens=MAX_NEW,
         generator=torch.Generator().manual_seed(seed),
@@ -251,6 +251,15 @@ def test_samples_follow_target_distribution(mode: str, num_assistant_tokens: int
     (samples,), stats = _cached_samples((PROMPT_A,), num_assistant_tokens, mode, seed=1234)
     _check_acceptance(stats, num_assistant_tokens)
     pvalues = _pvalues(samples, _target_joint(PROMPT_A, mode))
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
+@pytest.mark.parametrize("schedule", ["adaptive", "heuristic"])
+def test_draft_length_schedules_keep_the_target_distribution(schedule: str) -> None:
+    """Draft lengths that change from step to step (on the draft's confidence, or on acceptance history)
+    decide only how much is proposed, never what is accepted: the distribution stays the target's."""
+    (samples,), _ = _speculative_samples((PROMPT_A,), 4, "warped", seed=4321, schedule=schedule)
+    pvalues = _pvalues(samples, _target_joint(PROMPT_A, "warped"))
     assert min(pvalues.values()) >= ALPHA, pvalues
 
 
