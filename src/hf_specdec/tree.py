@@ -1,0 +1,113 @@
+"""A tree of drafted tokens, as data.
+
+A tree is given as a list of paths in the Medusa "choices" format: `[0, 1]` is the node reached by taking
+the top-1 candidate at depth 1, then the top-2 candidate at depth 2 (ranks count from 0). Every prefix of a
+path must be a path too. The root (depth 0) is implicit: it is the token the target chose last, which the
+verification forward feeds first.
+
+`DraftTree` turns the paths into the tensors verification needs, once:
+
+    parents     (N+1,)        parent of every node (the root is node 0, its parent -1)
+    depths      (N+1,)        depth of every node; position id offset from the root
+    ranks       (N+1,)        candidate rank of every node at its depth (the root: 0)
+    ancestors   (N+1, N+1)    ancestors[i, j]: node j is node i or one of its ancestors (the attention mask)
+    paths       (L, D+1)      every root-to-leaf path as node indices, padded with -1 after the leaf
+A chain of k drafts is the tree `[[0], [0, 0], ...]` with one child per node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """An immutable draft tree built from Medusa-style choices (paths of candidate ranks).
+
+    Args:
+        choices (`list[list[int]]` or tuple): the paths, in any order; duplicates are refused.
+    """
+
+    choices: tuple[tuple[int, ...], ...]
+    parents: torch.Tensor = field(init=False, repr=False, compare=False)
+    depths: torch.Tensor = field(init=False, repr=False, compare=False)
+    ranks: torch.Tensor = field(init=False, repr=False, compare=False)
+    ancestors: torch.Tensor = field(init=False, repr=False, compare=False)
+    paths: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __init__(self, choices: list[list[int]] | tuple[tuple[int, ...], ...]) -> None:
+        normalized = _validate(choices)
+        # Breadth-first order (by depth, then lexicographic): parents come before children.
+        ordered = tuple(sorted(normalized, key=lambda path: (len(path), path)))
+        object.__setattr__(self, "choices", ordered)
+        index = {path: i + 1 for i, path in enumerate(ordered)}  # node 0 is the root
+        parents = [-1] + [index.get(path[:-1], 0) for path in ordered]
+        depths = [0] + [len(path) for path in ordered]
+        ranks = [0] + [path[-1] for path in ordered]
+        n = len(ordered) + 1
+        ancestors = torch.zeros(n, n, dtype=torch.bool)
+        for node in range(n):
+            walk = node
+            while walk != -1:
+                ancestors[node, walk] = True
+                walk = parents[walk]
+        is_parent = set(parents[1:])
+        leaves = [node for node in range(n) if node not in is_parent]
+        max_depth = max(depths)
+        paths = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
+        for row, leaf in enumerate(leaves):
+            chain = []
+            walk = leaf
+            while walk != -1:
+                chain.append(walk)
+                walk = parents[walk]
+            paths[row, : len(chain)] = torch.tensor(chain[::-1])
+        object.__setattr__(self, "parents", torch.tensor(parents))
+        object.__setattr__(self, "depths", torch.tensor(depths))
+        object.__setattr__(self, "ranks", torch.tensor(ranks))
+        object.__setattr__(self, "ancestors", ancestors)
+        object.__setattr__(self, "paths", paths)
+
+    @classmethod
+    def chain(cls, length: int) -> DraftTree:
+        """A chain of `length` drafts: one child per node, always the top candidate."""
+        if length < 1:
+            raise ValueError(f"A chain needs at least one draft, got {length}.")
+        return cls([[0] * d for d in range(1, length + 1)])
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes including the root: the number of tokens one verification forward feeds."""
+        return self.parents.numel()
+
+    @property
+    def depth(self) -> int:
+        """The longest path's number of drafted tokens."""
+        return int(self.depths.max())
+
+    def top_k_per_depth(self) -> list[int]:
+        """How many candidates each depth needs: 1 + the highest rank used there."""
+        needed = [0] * self.depth
+        for path in self.choices:
+            needed[len(path) - 1] = max(needed[len(path) - 1], path[-1] + 1)
+        return needed
+
+
+def _validate(choices: list[list[int]] | tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
+    if len(choices) == 0:
+        raise ValueError("A draft tree needs at least one path, e.g. [[0]].")
+    paths = []
+    for choice in choices:
+        path = tuple(choice)
+        if not path or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in path):
+            raise ValueError(f"Each tree path is a non-empty list of candidate ranks >= 0; got {list(choice)!r}.")
+        paths.append(path)
+    if len(set(paths)) != len(paths):
+        raise ValueError("The tree lists a path more than once.")
+    present = set(paths)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in present:
+            raise ValueError(f"Tree path {list(path)} has no parent {list(path[:-1])}: every prefix must be a path.")
+    return paths
