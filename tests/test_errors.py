@@ -29,6 +29,10 @@ def _generate(target, draft, **kwargs):
         ({"num_assistant_tokens_schedule": "sometimes"}, "not supported"),
         ({"assistant_confidence_threshold": 1.5}, r"\[0, 1\)"),
         ({"stop_strings": ["foo"]}, "tokenizer"),
+        ({"penalty_alpha": 0.6, "top_k": 4}, "another decoding strategy"),
+        ({"prompt_lookup_num_tokens": 3}, "another decoding strategy"),
+        ({"use_cache": False}, "use_cache=False"),
+        ({"cache_implementation": "static"}, "cache_implementation"),
     ],
 )
 def test_unsupported_settings(pair, kwargs: dict, message: str) -> None:
@@ -56,11 +60,18 @@ def test_vocabulary_size_mismatch_without_tokenizers(pair) -> None:
         _generate(target, LlamaForCausalLM(config).eval())
 
 
-def test_different_special_tokens(pair) -> None:
+def test_different_bos_token_means_a_different_tokenizer(pair) -> None:
+    target, _ = pair
+    config = LlamaConfig(**{**target.config.to_dict(), "bos_token_id": 4})
+    with pytest.raises(ValueError, match="bos_token_id"):
+        _generate(target, LlamaForCausalLM(config).eval())
+
+
+def test_a_different_eos_token_is_fine(pair) -> None:
+    """A base draft for an instruct target often has another EOS id; the target's decides when to stop."""
     target, _ = pair
     config = LlamaConfig(**{**target.config.to_dict(), "eos_token_id": 4})
-    with pytest.raises(ValueError, match="eos_token_id"):
-        _generate(target, LlamaForCausalLM(config).eval())
+    assert _generate(target, LlamaForCausalLM(config).eval()).shape[0] == 2
 
 
 def test_encoder_decoder_target() -> None:
@@ -80,3 +91,20 @@ def test_attention_implementation_without_4d_masks(pair) -> None:
 def test_speculative_rejects_non_models() -> None:
     with pytest.raises(TypeError, match="PreTrainedModel"):
         hf_specdec.speculative(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_a_cache_passed_in_is_refused(pair) -> None:
+    from transformers import DynamicCache
+
+    target, draft = pair
+    with pytest.raises(ValueError, match="builds and rolls back its own caches"):
+        _generate(target, draft, cache=DynamicCache())
+
+
+def test_models_without_position_ids_are_refused() -> None:
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    bloom = hf_specdec.speculative(BloomForCausalLM(BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=2)))
+    with pytest.raises(ValueError, match="position_ids"):
+        bloom.eval().generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=3, assistant=bloom)

@@ -118,21 +118,44 @@ def test_draft_length_policies_keep_identity(policy: dict) -> None:
 
 def test_cache_compaction_keeps_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     """Squeezing holes out of the caches after every step changes nothing but memory."""
-    import hf_specdec.decoding as decoding
+    import hf_specdec.kv_cache as kv_cache
 
     compactions = []
-    original = decoding.CachedSequence.compact
+    original = kv_cache.CachedSequence.compact
 
     def counting(self):
         compactions.append(self.num_slots)
         original(self)
 
-    monkeypatch.setattr(decoding, "_MIN_WASTE", 0)  # compact after every step
-    monkeypatch.setattr(decoding, "_COMPACT_FRACTION", 0.0)
-    monkeypatch.setattr(decoding.CachedSequence, "compact", counting)
+    monkeypatch.setattr(kv_cache, "MIN_WASTE", 0)  # compact after every step
+    monkeypatch.setattr(kv_cache, "COMPACT_FRACTION", 0.0)
+    monkeypatch.setattr(kv_cache.CachedSequence, "compact", counting)
     target = tiny_target("llama")
     draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
     ids, mask = ragged_batch(3, seed=2)
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     assert torch.equal(target.generate(**kwargs, assistant=draft), target.generate(**kwargs))
     assert compactions
+
+
+def test_drafts_never_run_past_the_model_positions() -> None:
+    """A prompt that ends a few tokens before GPT-2's last learned position, and max_length right there:
+    drafts past the limit would index past the position table."""
+    target, draft = tiny_target("gpt2"), tiny_model("gpt2", seed=0, num_layers=1, sharpen=4.0)
+    limit = target.config.n_positions
+    ids = torch.randint(4, 90, (2, limit - 5), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(input_ids=ids, max_length=limit, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(target.generate(**kwargs, assistant=draft, num_assistant_tokens=8), target.generate(**kwargs))
+
+
+def test_user_length_and_eos_criteria_are_honoured() -> None:
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(3, seed=1)
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=ids.shape[1] + 5)])
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False, stopping_criteria=criteria)
+    plain = target.generate(**kwargs)
+    assert plain.shape[1] == ids.shape[1] + 5
+    assert torch.equal(target.generate(**kwargs, assistant=draft), plain)

@@ -5,11 +5,11 @@ batch (rows are independent samples). The target's exact distribution over the n
 with plain forward passes (vocab**depth sequences), through the same logits warpers `generate()` applies,
 and the samples are compared with it by chi-square goodness-of-fit tests:
 
-    the 1st token, the first 2 and first 3 tokens jointly, the 4th token, and the 3rd and 4th jointly.
+    the 1st token, the first 2 and first 3 tokens jointly, the 4th and 5th tokens, and pairs of them.
 
-With `max_new_tokens=4` the 1st token comes from the prefill; tokens 2-4 come from speculative steps, so
-they are accepted drafts, resamples from the residual at draft positions 1, 2 and 3, and (with
-`num_assistant_tokens=2`) bonus tokens, which land on the 4th token.
+With `max_new_tokens=5` the 1st token comes from the prefill; tokens 2-5 come from speculative steps (whose
+draft length never exceeds what can still be committed), so they are accepted drafts, resamples from the
+residual at draft positions 1, 2 and 3, and bonus tokens (on the 4th token with 2 drafts, the 5th with 3).
 
 Significance level: a check fails when p < ALPHA = 1e-3. Every run uses a fixed generator seed, so the
 tests are deterministic; with ~40 checks in the file a correct implementation would fail one of them for
@@ -42,7 +42,7 @@ from hf_specdec.acceptance import residual_distribution, speculative_sampling
 
 VOCAB = 8
 PAD = 0
-MAX_NEW = 4
+MAX_NEW = 5
 NUM_SAMPLES = 8000  # rows per prompt
 ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
 POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
@@ -62,6 +62,8 @@ CHECKS = (
     ("tokens 1-3", slice(0, 3)),
     ("token 4", slice(3, 4)),
     ("tokens 3-4", slice(2, 4)),
+    ("token 5", slice(4, 5)),
+    ("tokens 4-5", slice(3, 5)),
 )
 
 

@@ -7,11 +7,13 @@ import argparse
 import itertools
 import json
 import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hf_specdec.outputs import SpeculativeStats
 from hf_specdec.simulator import (
     CPU_QWEN_1_5B_BF16,
     DEVICES,
@@ -248,13 +250,13 @@ def test_recommend_tree_picks_the_argmax() -> None:
 
 
 def test_acceptance_from_stats() -> None:
-    stats = SpeculativeStats.zeros(2)
-    stats.record_step(torch.tensor([0, 1]), 3, torch.tensor([3, 1]))
-    stats.record_step(torch.tensor([0, 1]), 3, torch.tensor([0, 2]))
+    # four steps of 3 drafts accepting 3, 1, 0 and 2: SpeculativeStats counts, per position j, the steps that
+    # drafted a j-th token and those that accepted drafts 1..j
+    stats = SimpleNamespace(drafted_at_position=torch.tensor([4, 4, 4]), accepted_at_position=torch.tensor([3, 2, 1]))
     rates = acceptance_from_stats(stats)  # prefix acceptance 3/4, 2/4, 1/4 -> conditional 3/4, 2/3, 1/2
     assert rates == pytest.approx((0.75, 2 / 3, 0.5))
-    assert expected_tokens(rates, 3) == pytest.approx(stats.summary()["tau"])  # 10 tokens in 4 forwards
-    stats.record_step(torch.tensor([0]), 2, torch.tensor([1]))
+    assert expected_tokens(rates, 3) == pytest.approx((6 + 4) / 4)  # 6 accepted + 4 own tokens in 4 forwards
+    stats.drafted_at_position = torch.tensor([5, 5, 4])  # a fifth step drafted only 2
     with pytest.raises(ValueError, match="schedule='constant'"):
         acceptance_from_stats(stats)
 
@@ -319,3 +321,18 @@ def test_cli_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "speedup.png"
     status, _, _ = _run(["--gamma", "1..6", "--cost-ratio", "0.2", "--plot", str(png)], capsys)
     assert status == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Documentation
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_simulator_page_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `python` block of docs/simulator.md runs, in order, in one namespace."""
+    page = Path(__file__).resolve().parent.parent / "docs" / "simulator.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.DOTALL | re.MULTILINE)
+    assert len(blocks) >= 5
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), namespace)

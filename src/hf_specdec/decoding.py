@@ -8,6 +8,7 @@ plain decoding. Every row of the batch runs its own acceptance; finished rows le
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,28 +24,31 @@ from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.processing import RaggedLogitsProcessor
 from hf_specdec.sequences import TokenBuffer
 
-# Compact a cache once holes make up this share of its slots (and at least _MIN_WASTE slots).
-_COMPACT_FRACTION = 0.25
-_MIN_WASTE = 32
-
 
 def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Logical positions of left-padded prompt tokens `(batch, prompt)`, as plain `generate()` computes them."""
-    positions = attention_mask.long().cumsum(dim=1) - 1
-    return positions.clamp_min(0)
+    """Logical positions `(batch, prompt)` of left-padded prompt tokens, as plain `generate()` computes them."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
 
 
-def _choose(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from processed scores `(batch, vocab)`."""
+def choose_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from processed scores `(batch, vocab)`: a sample, or the argmax."""
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
     return scores.argmax(dim=-1)
 
 
-def _maybe_compact(seq: CachedSequence) -> None:
-    waste = seq.num_slots - int(seq.valid.sum(dim=1).max())
-    if waste >= _MIN_WASTE and waste >= _COMPACT_FRACTION * seq.num_slots:
-        seq.compact()
+def synchronize(device: torch.device) -> None:
+    """Wait for the device, so that a wall-clock reading covers the work queued before it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class _Rows:
+    """What the loop tracks per active row besides tokens and caches."""
+
+    next_position: torch.Tensor  # (A,) logical position of the first draft of the next step
+    last_token: torch.Tensor  # (A,) committed, not yet fed to the target
 
 
 @torch.no_grad()
@@ -75,104 +79,108 @@ def speculative_decode(
             the cache and positions `generate()` prepared are ignored, anything else is refused.
 
     Returns:
-        `torch.LongTensor` `(batch, prompt + new)`, or a `SpeculativeDecoderOnlyOutput` when
-        `return_dict_in_generate=True`.
+        `torch.LongTensor` `(batch, prompt + new)` on the device of `input_ids`, or a
+        `SpeculativeDecoderOnlyOutput` when `return_dict_in_generate=True`.
     """
     attention_mask = model_kwargs.pop("attention_mask", None)
     _reject_model_kwargs(model_kwargs)
-    device = input_ids.device
-    batch, prompt = input_ids.shape
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
+    input_device, device = input_ids.device, model.device
+    input_ids = input_ids.to(device)
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     do_sample = bool(generation_config.do_sample)
     processors = RaggedLogitsProcessor(logits_processor)
-    buffer = TokenBuffer(
-        input_ids,
-        generation_config.max_length,
-        scratch=draft_length.max_tokens + 2,
-        eos_token_ids=generation_config._eos_token_tensor,
-        stopping_criteria=stopping_criteria,
-    )
-    stats = SpeculativeStats.zeros(batch)
+    # Scratch after max_length: the k drafts of a step plus the token the target adds.
+    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=draft_length.max_tokens + 1)
+    stats = SpeculativeStats.zeros(input_ids.shape[0])
 
     # Prefill both models on the prompts; the target's last logits give the first token.
-    valid = attention_mask.bool()
-    positions = prompt_positions(attention_mask)
-    target = CachedSequence(model, batch, device)
-    out = target.forward(input_ids, valid, positions, chain_structure(prompt, device), logits_to_keep=1)
-    logits = out.logits[:, -1:].float()  # (B, 1, V)
-    vocab_size = logits.shape[-1]
+    valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
+    target = CachedSequence(model, input_ids.shape[0], device)
+    prompt_structure = chain_structure(input_ids.shape[1], device)
+    logits = target.forward(input_ids, valid, positions, prompt_structure, logits_to_keep=1).logits[:, -1:].float()
     scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
-    first = _choose(scores[:, 0], do_sample, generator)  # (B,)
-    drafter = DraftModelDrafter(assistant, vocab_size, processors, do_sample, generator)
+    first = choose_token(scores[:, 0], do_sample, generator)  # (B,)
+    drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator)
     drafter.prefill(input_ids, valid, positions)
-
     emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
     _stream(streamer, first[:, None], emitted)
     drafter.start(first)
-    next_position = positions[:, -1] + 2  # (A,) logical position of the first draft of the next step
-    last_token = first  # (A,) committed but not yet fed to the target
+    rows = _Rows(next_position=positions[:, -1] + 2, last_token=first)
 
     while True:
         keep = buffer.retire(finished)
+        if keep.numel() == 0:
+            break
         if keep.numel() < finished.numel():
-            if keep.numel() == 0:
-                break
             target.select_rows(keep)
             drafter.select_rows(keep)
-            next_position, last_token = next_position[keep], last_token[keep]
-
-        # Draft: k tokens per row from the draft model.
-        started = time.perf_counter()
-        draft_tokens, q = drafter.propose(buffer, next_position, draft_length)  # (A, k), (A, k, V) | None
-        k = draft_tokens.shape[1]
-        drafted = time.perf_counter()
-
-        # Verify: one target forward over the last committed token and the k drafts.
-        verify_ids = torch.cat([last_token[:, None], draft_tokens], dim=1)  # (A, k+1)
-        verify_positions = next_position[:, None] - 1 + torch.arange(k + 1, device=device)  # (A, k+1)
-        logits = target.forward(
-            verify_ids,
-            torch.ones_like(verify_ids, dtype=torch.bool),
-            verify_positions,
-            chain_structure(k + 1, device),
-        ).logits.float()  # (A, k+1, V)
-        scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (A, k+1, V)
-
-        # Accept: the longest prefix the target agrees with, then one token of the target's own.
-        if do_sample:
-            assert q is not None
-            p = torch.softmax(scores, dim=-1)  # (A, k+1, V)
-            num_accepted, next_token = speculative_sampling(draft_tokens, q, p, generator)
-        else:
-            num_accepted, next_token = greedy_accept(draft_tokens, scores)
-        stats.record_step(buffer.active, k, num_accepted)  # moves counts to the host: the step is done
-        draft_length.update(k, num_accepted)
-        verified = time.perf_counter()
-        draft_length.observe_costs(drafted - started, k, verified - drafted)
-        stats.draft_seconds += drafted - started
-        stats.verify_seconds += verified - drafted
-
-        # Commit: append the accepted tokens, roll both caches back to them.
-        new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
-        new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
-        emitted, finished = buffer.commit(new_tokens, num_accepted + 1, scores)
-        _stream(streamer, new_tokens, emitted)
-        target.keep_prefix(k + 1, num_accepted + 1)
-        drafter.commit(num_accepted, k, next_token)
-        next_position = next_position + num_accepted + 1
-        last_token = next_token
-        _maybe_compact(target)
-        if drafter.seq is not None:
-            _maybe_compact(drafter.seq)
+            rows = _Rows(rows.next_position[keep], rows.last_token[keep])
+        finished = _step(model, target, drafter, buffer, rows, processors, draft_length, stats, streamer, generator)
 
     if streamer is not None:
         streamer.end()
     pad = generation_config._pad_token_tensor
-    sequences = buffer.sequences(int(pad) if pad is not None else 0)
+    sequences = buffer.sequences(int(pad) if pad is not None else 0).to(input_device)
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(sequences=sequences, speculative=stats)
     return sequences
+
+
+def _step(
+    model: PreTrainedModel,
+    target: CachedSequence,
+    drafter: DraftModelDrafter,
+    buffer: TokenBuffer,
+    rows: _Rows,
+    processors: RaggedLogitsProcessor,
+    policy: DraftLengthPolicy,
+    stats: SpeculativeStats,
+    streamer: BaseStreamer | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """One speculative step for every active row; updates `rows` in place and returns which rows finished."""
+    device = model.device
+    # Draft: up to k tokens per row; never more than the least advanced row can still commit.
+    started = time.perf_counter()
+    budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
+    draft_tokens, q = drafter.propose(buffer, rows.next_position, policy, max_tokens=budget)  # (A, k), q | None
+    k = draft_tokens.shape[1]
+    synchronize(device)
+    drafted = time.perf_counter()
+
+    # Verify: one target forward over the last committed token and the k drafts.
+    verify_ids = torch.cat([rows.last_token[:, None], draft_tokens], dim=1)  # (A, k+1)
+    verify_positions = rows.next_position[:, None] - 1 + torch.arange(k + 1, device=device)  # (A, k+1)
+    verify_positions = verify_positions.clamp_max(buffer.max_length - 1)  # past it nothing can be kept
+    every = torch.ones_like(verify_ids, dtype=torch.bool)
+    logits = target.forward(verify_ids, every, verify_positions, chain_structure(k + 1, device)).logits.float()
+    scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (A, k+1, V)
+
+    # Accept: the longest prefix the target agrees with, then one token of the target's own.
+    if q is not None:
+        num_accepted, next_token = speculative_sampling(draft_tokens, q, torch.softmax(scores, dim=-1), generator)
+    else:
+        num_accepted, next_token = greedy_accept(draft_tokens, scores)
+
+    # Commit: append the accepted tokens (stopping where plain decoding would), roll both caches back.
+    new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
+    new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
+    emitted, finished = buffer.commit(new_tokens, num_accepted + 1, scores)
+    _stream(streamer, new_tokens, emitted)
+    target.keep_prefix(k + 1, num_accepted + 1)
+    drafter.commit(num_accepted, k, next_token)
+    target.maybe_compact()
+    rows.next_position += num_accepted + 1
+    rows.last_token = next_token
+
+    synchronize(device)
+    verified = time.perf_counter()
+    policy.update(k, num_accepted)
+    policy.observe_costs(drafted - started, k, verified - drafted)
+    stats.record_step(buffer.active, k, num_accepted, emitted)
+    stats.draft_seconds += drafted - started
+    stats.verify_seconds += verified - drafted
+    return finished
 
 
 def _stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:

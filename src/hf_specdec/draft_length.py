@@ -51,7 +51,7 @@ class DraftLengthPolicy:
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+        if not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1:
             raise ValueError(f"num_assistant_tokens must be a positive integer, got {self.num_tokens!r}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(

@@ -45,6 +45,7 @@ class DraftModelDrafter:
         self.generator = generator
         self.seq: CachedSequence | None = None
         self._fed = 0  # slots the current step appended to the draft's cache
+        self._pending_width = 0  # of which the pending tokens fed first
         self._last_drafts: torch.Tensor | None = None
         self.pending: torch.Tensor | None = None  # (A, 2) last two committed tokens; slot 0 may not be needed
         self.pending_count: torch.Tensor | None = None  # (A,) 1 or 2: how many of them the draft has not seen
@@ -76,14 +77,18 @@ class DraftModelDrafter:
         return logits
 
     def propose(
-        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy
+        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft up to `policy.current` tokens for every active row.
+        """Draft up to `policy.current` tokens (and at most `max_tokens`, at least one) for every active row.
+
+        Each drafted token is written into `buffer` right after the row's committed tokens (not committed):
+        the logits processors of the next draft position, and of verification, read it there as prefix.
 
         Args:
-            buffer (`TokenBuffer`): committed tokens; drafted tokens are written after them (not committed).
+            buffer (`TokenBuffer`): committed tokens of every row.
             next_position (`torch.LongTensor` of shape `(active,)`): logical position of the first draft.
             policy (`DraftLengthPolicy`): the draft length and early-stop rule.
+            max_tokens (`int`): how many tokens any row can still commit after this step's first.
 
         Returns:
             `(draft_tokens, q)`: `(active, k)` drafted tokens on the buffer's device, and when sampling the
@@ -91,16 +96,19 @@ class DraftModelDrafter:
         """
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         target_device = buffer.tokens.device
+        num_tokens = max(1, min(policy.current, max_tokens))
+        last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
         width = int(self.pending_count.max())
         offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
         ids = self.pending[:, 2 - width :]  # (A, w)
         valid = offsets[None, :] >= -self.pending_count[:, None]  # (A, w)
-        positions = next_position.to(self.device)[:, None] + offsets[None, :]  # (A, w)
+        positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp_max(last_position)  # (A, w)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
+        self._pending_width = width
         self._fed = width
         policy.start_step()
-        for j in range(policy.current):
+        for j in range(num_tokens):
             logits = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1).logits
             logits = self._to_target_vocab(logits[:, -1:].to(target_device, torch.float32))  # (A, 1, V)
             scores = self.processors(buffer.tokens, buffer.active, buffer.active_lengths + j, logits)[:, 0]
@@ -112,13 +120,13 @@ class DraftModelDrafter:
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             buffer.write(j, token[:, None])
-            if j + 1 == policy.current:
+            if j + 1 == num_tokens:
                 break
             if policy.may_stop and policy.should_stop(q if self.do_sample else torch.softmax(scores, dim=-1)):
                 break
             ids = token[:, None].to(self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)
-            positions = next_position.to(self.device)[:, None] + j
+            positions = (next_position.to(self.device)[:, None] + j).clamp_max(last_position)
             self._fed += 1
         draft_tokens = torch.stack(tokens, dim=1)  # (A, k)
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
@@ -134,9 +142,9 @@ class DraftModelDrafter:
         """
         assert self.seq is not None and self.pending is not None
         num_accepted = num_accepted.to(self.device)
-        width = self._fed - (num_drafted - 1)  # pending slots fed at the start of the step
-        kept_drafts = torch.clamp(num_accepted, max=num_drafted - 1)
-        self.seq.keep_prefix(self._fed, width + kept_drafts)
+        kept_drafts = torch.clamp(num_accepted, max=num_drafted - 1)  # the last draft was never fed
+        self.seq.keep_prefix(self._fed, self._pending_width + kept_drafts)
+        self.seq.maybe_compact()
         all_accepted = num_accepted == num_drafted
         next_token = next_token.to(self.device)
         first = torch.where(all_accepted, self._last_drafts, next_token)  # (A,)

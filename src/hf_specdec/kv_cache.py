@@ -21,6 +21,10 @@ from hf_specdec.masks import to_additive, visibility
 
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
+# Compact a cache once holes make up this share of its slots, and at least MIN_WASTE slots.
+COMPACT_FRACTION = 0.25
+MIN_WASTE = 32
+
 
 class AttentionLayout:
     """How a model's layers attend, read once from its config: full, sliding window, or a mix of both."""
@@ -42,7 +46,12 @@ class AttentionLayout:
             kinds = {"sliding_attention"} if window is not None else {"full_attention"}
         self.mixed = len(kinds) > 1
         self.sliding_window = window if "sliding_attention" in kinds else None
-        self.only_sliding = kinds == {"sliding_attention"}
+        if "position_ids" not in inspect.signature(model.forward).parameters or getattr(config, "alibi", False):
+            raise ValueError(
+                f"{type(model).__name__} does not take `position_ids` (or uses ALiBi biases tied to cache slots), so "
+                "rows of a batch cannot keep their own positions when they accept different numbers of tokens. "
+                "Speculative decoding supports models with rotary or learned absolute positions."
+            )
         attn = getattr(model.config, "_attn_implementation", None)
         if attn is not None and attn not in ("sdpa", "eager"):
             raise ValueError(
@@ -171,11 +180,12 @@ class CachedSequence:
         self.valid = self.valid[rows]
         self.positions = self.positions[rows]
 
-    def hole_fraction(self) -> float:
-        """The share of cache slots that are holes or padding: attention pays for them all the same."""
-        if self.num_slots == 0:
-            return 0.0
-        return 1.0 - float(self.valid.float().mean())
+    def maybe_compact(self) -> None:
+        """Compact once holes make up a quarter of the slots (and at least `MIN_WASTE` slots): attention pays
+        for every slot, a hole or not, while a compaction costs one copy of the cache."""
+        waste = self.num_slots - int(self.valid.sum(dim=1).max())
+        if waste >= MIN_WASTE and waste >= COMPACT_FRACTION * self.num_slots:
+            self.compact()
 
     def compact(self) -> None:
         """Squeeze holes out of the cache: move every row's valid slots to the right end, in order.

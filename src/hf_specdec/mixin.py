@@ -81,6 +81,12 @@ class SpeculativeGenerationMixin:
                 raise ValueError(f"`{name}` cannot be combined with `assistant=`: {why}.")
         if kwargs.get("synced_gpus"):
             raise ValueError("`synced_gpus=True` is not supported with `assistant=`.")
+        for name in ("cache", "past_key_values"):
+            if kwargs.get(name) is not None:
+                raise ValueError(
+                    f"`{name}=` cannot be passed with `assistant=`: speculative decoding builds and rolls back its "
+                    "own caches for the target and the draft."
+                )
 
     def _resolve_config(
         self, generation_config: GenerationConfig | None, kwargs: dict[str, Any]

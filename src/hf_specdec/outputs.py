@@ -16,6 +16,8 @@ class SpeculativeStats:
         target_forwards: verification forwards of the target while the row was running (the prefill not counted).
         drafted_tokens: tokens drafted for the row.
         accepted_tokens: drafted tokens the target accepted.
+        emitted_tokens: tokens the verification steps committed (accepted drafts plus the target's own token,
+            less what an EOS or the length limit cut off).
     Whole batch (tensors of shape `(max_draft_length,)`):
         drafted_at_position / accepted_at_position: how often the j-th drafted token of a step was proposed
             and accepted, summed over rows and steps; their ratio is the acceptance rate by draft position.
@@ -24,6 +26,7 @@ class SpeculativeStats:
     target_forwards: torch.Tensor
     drafted_tokens: torch.Tensor
     accepted_tokens: torch.Tensor
+    emitted_tokens: torch.Tensor
     drafted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     accepted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     draft_seconds: float = 0.0
@@ -32,26 +35,28 @@ class SpeculativeStats:
     @classmethod
     def zeros(cls, batch_size: int) -> SpeculativeStats:
         z = torch.zeros(batch_size, dtype=torch.long)
-        return cls(z.clone(), z.clone(), z.clone())
+        return cls(z.clone(), z.clone(), z.clone(), z.clone())
 
     @property
     def tau(self) -> torch.Tensor:
-        """Mean tokens emitted per target verification forward, per row `(batch,)`: accepted drafts plus the
+        """Mean tokens committed per target verification forward, per row `(batch,)`: accepted drafts plus the
         one token every verification adds (a correction or a bonus)."""
-        forwards = self.target_forwards.clamp_min(1).double()
-        return (self.accepted_tokens + self.target_forwards).double() / forwards
+        return self.emitted_tokens.double() / self.target_forwards.clamp_min(1).double()
 
     @property
     def acceptance_rate(self) -> torch.Tensor:
         """Share of drafted tokens accepted, per row `(batch,)`."""
         return self.accepted_tokens.double() / self.drafted_tokens.clamp_min(1).double()
 
-    def record_step(self, rows: torch.Tensor, num_drafted: int, num_accepted: torch.Tensor) -> None:
+    def record_step(
+        self, rows: torch.Tensor, num_drafted: int, num_accepted: torch.Tensor, emitted: torch.Tensor
+    ) -> None:
         """Count one verification step of the active `rows` (original batch indices)."""
-        rows, num_accepted = rows.cpu(), num_accepted.cpu()
+        rows, num_accepted, emitted = rows.cpu(), num_accepted.cpu(), emitted.cpu()
         self.target_forwards[rows] += 1
         self.drafted_tokens[rows] += num_drafted
         self.accepted_tokens[rows] += num_accepted
+        self.emitted_tokens[rows] += emitted
         if self.drafted_at_position.numel() < num_drafted:
             grow = num_drafted - self.drafted_at_position.numel()
             self.drafted_at_position = torch.cat([self.drafted_at_position, torch.zeros(grow, dtype=torch.long)])
@@ -65,11 +70,12 @@ class SpeculativeStats:
         forwards = int(self.target_forwards.sum())
         accepted = int(self.accepted_tokens.sum())
         drafted = int(self.drafted_tokens.sum())
+        emitted = int(self.emitted_tokens.sum())
         return {
             "target_forwards": forwards,
             "drafted_tokens": drafted,
             "accepted_tokens": accepted,
-            "tau": (accepted + forwards) / max(forwards, 1),
+            "tau": emitted / max(forwards, 1),
             "acceptance_rate": accepted / max(drafted, 1),
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,

@@ -46,10 +46,8 @@ class RaggedLogitsProcessor:
 
     def __init__(self, processors: LogitsProcessorList) -> None:
         self.processors = processors
-        self.prefix_free = all(isinstance(p, _PREFIX_FREE) for p in processors)
-
-    def __bool__(self) -> bool:
-        return len(self.processors) > 0
+        # Exact types: a subclass may read the prefix.
+        self.prefix_free = all(type(p) in _PREFIX_FREE for p in processors)
 
     def __call__(
         self, tokens: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor

@@ -8,7 +8,7 @@ logits processors and stopping criteria see the same prefixes they would see in 
 from __future__ import annotations
 
 import torch
-from transformers import StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 
@@ -17,22 +17,27 @@ class TokenBuffer:
 
     Args:
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
-        max_length (`int`): the length (prompt included) at which a row stops.
+        generation_config (`GenerationConfig`): as prepared by `generate()` (its `max_length` is final).
+        stopping_criteria (`StoppingCriteriaList`): `generate()`'s criteria. Length and EOS criteria are
+            applied here exactly and in a vectorised way (the shortest length, every EOS id); the others
+            are called on each row's exact prefix.
         scratch (`int`): room after `max_length` for the drafted tokens of a step.
-        eos_token_ids (`torch.LongTensor` of shape `(num_eos,)`, *optional*): tokens that end a row.
-        stopping_criteria (`StoppingCriteriaList`): `generate()`'s criteria; length and EOS criteria are
-            handled here exactly, the others are called on each row's exact prefix.
     """
 
     def __init__(
         self,
         input_ids: torch.Tensor,
-        max_length: int,
-        scratch: int,
-        eos_token_ids: torch.Tensor | None,
+        generation_config: GenerationConfig,
         stopping_criteria: StoppingCriteriaList,
+        scratch: int,
     ) -> None:
         batch, prompt = input_ids.shape
+        lengths = [c.max_length for c in stopping_criteria if isinstance(c, MaxLengthCriteria)]
+        max_length = min([generation_config.max_length, *lengths])
+        eos = [c.eos_token_id.reshape(-1) for c in stopping_criteria if isinstance(c, EosTokenCriteria)]
+        if generation_config._eos_token_tensor is not None:
+            eos.append(generation_config._eos_token_tensor.reshape(-1))
+        eos_token_ids = torch.cat(eos).to(input_ids.device).unique() if eos else None
         self.prompt_length = prompt
         self.max_length = max_length
         self.tokens = input_ids.new_zeros(batch, max_length + scratch)  # (B, max_length + scratch)
@@ -53,7 +58,9 @@ class TokenBuffer:
         columns = self.active_lengths[:, None] + offset + torch.arange(new_tokens.shape[1], device=self.tokens.device)
         self.tokens[self.active[:, None], columns] = new_tokens
 
-    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+    def commit(
+        self, new_tokens: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append to every active row its first `counts[b]` new tokens, stopping where plain decoding would.
 
         Args:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
-
-_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+from transformers.generation.configuration_utils import GenerationMode
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -34,7 +33,9 @@ def check_models(
                 f"The {role} ({type(model).__name__}) is an encoder-decoder model; speculative decoding here "
                 "supports decoder-only causal LMs. Use transformers' `assistant_model=` for encoder-decoders."
             )
-    if tokenizer is not None and assistant_tokenizer is not None:
+    if assistant_tokenizer is not None:
+        if tokenizer is None:
+            raise ValueError("`assistant_tokenizer=` needs `tokenizer=` too: the two vocabularies are compared.")
         if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
             raise ValueError(
                 "The target's and the draft's tokenizers have different vocabularies, so a drafted token id "
@@ -44,8 +45,6 @@ def check_models(
         if size > min(output_vocab_size(target), output_vocab_size(draft)):
             raise ValueError(f"The tokenizer has {size} tokens, more than one of the models can score.")
         return
-    if (tokenizer is None) != (assistant_tokenizer is None):
-        raise ValueError("Pass both `tokenizer` and `assistant_tokenizer` to compare vocabularies, or neither.")
     target_size, draft_size = output_vocab_size(target), output_vocab_size(draft)
     if target_size != draft_size:
         raise ValueError(
@@ -53,18 +52,48 @@ def check_models(
             "(embeddings padded to different sizes), pass `tokenizer=` and `assistant_tokenizer=` to "
             "`generate()` so the vocabularies can be checked and mapped; otherwise the draft cannot be used."
         )
-    for name in _SPECIAL_TOKENS:
-        mine, theirs = getattr(target.config, name, None), getattr(draft.config, name, None)
-        if mine is not None and theirs is not None and mine != theirs:
-            raise ValueError(
-                f"The target's {name} is {mine} but the draft's is {theirs}: they likely use different "
-                "tokenizers. If the vocabularies really are the same, pass `tokenizer=` and "
-                "`assistant_tokenizer=` to `generate()` to have them compared."
-            )
+    # EOS ids legitimately differ between a base and an instruct model of one tokenizer (the target's
+    # decide when to stop); a different BOS id means a different tokenizer.
+    mine, theirs = getattr(target.config, "bos_token_id", None), getattr(draft.config, "bos_token_id", None)
+    if isinstance(mine, int) and isinstance(theirs, int) and mine != theirs:
+        raise ValueError(
+            f"The target's bos_token_id is {mine} but the draft's is {theirs}: they likely use different "
+            "tokenizers. If the vocabularies really are the same, pass `tokenizer=` and "
+            "`assistant_tokenizer=` to `generate()` to have them compared."
+        )
+
+
+# Settings of other decoding strategies; speculative decoding with `assistant=` replaces them all.
+_OTHER_STRATEGIES = (
+    "penalty_alpha",
+    "dola_layers",
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+    "assistant_lookbehind",
+    "use_mtp",
+    "force_words_ids",
+    "constraints",
+    "token_healing",
+    "low_memory",
+)
 
 
 def check_generation_config(config: GenerationConfig) -> None:
     """Raise `ValueError` for generation settings speculative decoding does not support."""
+    for name in _OTHER_STRATEGIES:
+        value = getattr(config, name, None)
+        if value not in (None, False, 0):
+            raise ValueError(
+                f"`{name}` belongs to another decoding strategy and cannot be combined with `assistant=`; "
+                "drop it, or drop `assistant=` to use that strategy."
+            )
+    if config.use_cache is False:
+        raise ValueError("Speculative decoding rolls the KV cache back and forth: `use_cache=False` cannot apply.")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r} is not supported with `assistant=`: speculative "
+            "decoding keeps its own dynamic caches. Leave cache_implementation unset."
+        )
     if (config.num_beams or 1) > 1:
         raise ValueError(
             f"Beam search (num_beams={config.num_beams}) cannot be combined with `assistant=`: speculative "
@@ -74,6 +103,9 @@ def check_generation_config(config: GenerationConfig) -> None:
         raise ValueError("Diverse beam search cannot be combined with `assistant=`.")
     if config.guidance_scale is not None and config.guidance_scale != 1:
         raise ValueError("Classifier-free guidance (guidance_scale) cannot be combined with `assistant=`.")
+    mode = config.get_generation_mode()
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH):
+        raise ValueError(f"Generation mode {mode.value!r} cannot be combined with `assistant=`.")
     unsupported = [
         name
         for name in ("output_attentions", "output_hidden_states", "output_scores", "output_logits")

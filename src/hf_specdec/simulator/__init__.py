@@ -6,20 +6,19 @@
 - a Monte-Carlo through the library's own acceptance rules: [`simulate_chain`];
 - a roofline cost model with device presets: [`Device`], [`ModelSpec`], [`DEVICES`], [`predict_on_device`];
 - recommendations: [`recommend_draft_length`], [`recommend_tree`];
-- calibration against measured and published results: [`calibrate`], [`explain_published`].
+- calibration against measured runs and published results: [`calibrate`], [`calibrate_run`],
+  [`calibrate_bench`], [`explain_published`].
 
 See docs/simulator.md.
 """
 
 from hf_specdec.simulator.calibration import (
-    SPEC_BENCH_A100_VICUNA_7B,
     CalibrationReport,
-    OverheadReport,
-    PublishedResult,
+    RunCounts,
     acceptance_from_stats,
     calibrate,
-    explain_published,
-    implied_step_cost,
+    calibrate_bench,
+    calibrate_run,
 )
 from hf_specdec.simulator.closed_form import (
     acceptance_by_position,
@@ -52,6 +51,13 @@ from hf_specdec.simulator.monte_carlo import (
 )
 from hf_specdec.simulator.plot import plot_speedup
 from hf_specdec.simulator.predict import DevicePrediction, Prediction, predict_chain, predict_on_device, predict_trees
+from hf_specdec.simulator.published import (
+    SPEC_BENCH_A100_VICUNA_7B,
+    OverheadReport,
+    PublishedResult,
+    explain_published,
+    implied_step_cost,
+)
 from hf_specdec.simulator.recommend import recommend_draft_length, recommend_tree
 from hf_specdec.simulator.tree import (
     best_tree,
@@ -83,11 +89,14 @@ __all__ = [
     "OverheadReport",
     "Prediction",
     "PublishedResult",
+    "RunCounts",
     "acceptance_by_position",
     "acceptance_from_stats",
     "alpha_from_tau",
     "best_tree",
     "calibrate",
+    "calibrate_bench",
+    "calibrate_run",
     "chain_tree",
     "check_tree",
     "device_costs",

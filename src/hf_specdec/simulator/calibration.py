@@ -1,26 +1,40 @@
-"""Check the simulator against reality: measured runs of this library, and published results.
+"""Check the simulator against measured runs of this library.
 
-Two questions:
+Given what a run measured (how often the j-th draft was proposed and accepted, the draft's cost, the
+target's cost curve), does the model predict the measured speedup? Two levels:
 
-1. Given what a benchmark measured (acceptance by draft position, the draft/target cost ratio, the
-   target's cost curve), does the closed form predict the measured speedup? [`calibrate`] reports the
-   relative error.
-2. Given a published tau and speedup, what must a step have cost? A step that emits tau tokens for the
-   price of `tau / speedup` plain forwards; whatever of that cost a model (drafting, verification on the
-   roofline) does not explain is overhead of the implementation. [`explain_published`] splits it.
+- [`calibrate`]: the closed form for a constant draft length gamma, from per-position acceptance rates;
+- [`calibrate_run`]: any run, also one whose draft length varies from step to step (the adaptive
+  schedule), from the run's own counts: tau = 1 + sum_j A_j / S and a step's cost
+  sum_j D_j / S * c + E[V(L + 1)], with S steps, D_j the steps that drafted a j-th token, A_j those that
+  accepted drafts 1..j, and L a step's draft length (P(L >= j) = D_j / S).
+
+The second checks the cost model itself: the acceptance counts are the run's, so whatever the prediction
+misses is time the model does not see (sampling, cache bookkeeping, Python between forwards, the prefill).
+[`calibrate_bench`] reads `hf-specdec bench`'s `results.json`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
-from hf_specdec.outputs import SpeculativeStats
+import torch
+
 from hf_specdec.simulator.closed_form import AcceptanceRates, expected_tokens, step_cost
 from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.simulator.validation import check_positive
 
 
-def acceptance_from_stats(stats: SpeculativeStats) -> tuple[float, ...]:
+class PositionCounts(Protocol):
+    """What [`acceptance_from_stats`] reads: `hf_specdec.SpeculativeStats` has both counters."""
+
+    drafted_at_position: torch.Tensor  # (max_draft_length,) steps that drafted a j-th token
+    accepted_at_position: torch.Tensor  # (max_draft_length,) steps that accepted drafts 1..j
+
+
+def acceptance_from_stats(stats: PositionCounts) -> tuple[float, ...]:
     """Per-position acceptance rates alpha_j = P(draft j accepted | drafts before it were), from a run's counters.
 
     `SpeculativeStats.accepted_at_position[j] / drafted_at_position[j]` is the probability that drafts
@@ -84,63 +98,79 @@ def calibrate(
 
 
 @dataclass(frozen=True)
-class PublishedResult:
-    """A published tau (mean accepted tokens per step, counting the target's own token) and speedup."""
-
-    method: str
-    tau: float
-    speedup: float
-    source: str = ""
-
-
-_LEADERBOARD = "Spec-Bench Leaderboard.md, A100 80GB, Vicuna-7B-v1.3, greedy, fp16, batch 1 (commit 5544fd7)"
-SPEC_BENCH_A100_VICUNA_7B = {
-    r.method: r
-    for r in (
-        PublishedResult("eagle", 3.61, 2.29, _LEADERBOARD),
-        PublishedResult("hydra", 3.24, 2.09, _LEADERBOARD),
-        PublishedResult("medusa", 2.32, 1.78, _LEADERBOARD),
-        PublishedResult("pld", 1.73, 1.59, _LEADERBOARD),
-        PublishedResult("sps", 2.28, 1.49, _LEADERBOARD),
-        PublishedResult("rest", 1.82, 1.48, _LEADERBOARD),
-        PublishedResult("lookahead", 1.66, 1.27, _LEADERBOARD),
-    )
-}
-"""Spec-Bench's A100 leaderboard for Vicuna-7B (overall speedup, #mean accepted tokens)."""
-
-
-@dataclass(frozen=True)
-class OverheadReport:
-    """How a published speedup splits into tokens per step and cost per step.
+class RunCounts:
+    """What a speculative run counted, summed over rows and steps.
 
     Args:
-        implied_step_cost (`float`): tau / speedup, a step's cost in plain forwards that the result implies.
-        modelled_step_cost (`float`): what a cost model says a step costs.
-        unexplained (`float`): implied - modelled, in plain forwards: overhead the model does not capture.
-        predicted_speedup (`float`): tau / modelled_step_cost.
-        relative_error (`float`): predicted / published speedup - 1.
+        steps (`int`): S, target verification forwards (steps), summed over rows.
+        drafted_at_position (`tuple[int, ...]`): D_j, steps that drafted a j-th token.
+        accepted_at_position (`tuple[int, ...]`): A_j, steps that accepted drafts 1..j.
     """
 
-    implied_step_cost: float
-    modelled_step_cost: float
-    unexplained: float
-    predicted_speedup: float
-    relative_error: float
+    steps: int
+    drafted_at_position: tuple[int, ...]
+    accepted_at_position: tuple[int, ...]
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def __post_init__(self) -> None:
+        drafted, accepted = self.drafted_at_position, self.accepted_at_position
+        if self.steps < 1 or len(drafted) != len(accepted):
+            raise ValueError("A run needs at least one step and one accepted count per drafted count.")
+        if any(a > d for a, d in zip(accepted, drafted, strict=True)) or any(d > self.steps for d in drafted):
+            raise ValueError("Counts are inconsistent: accepted > drafted at a position, or drafted > steps.")
+
+    def expected_tokens(self) -> float:
+        """tau: the target's own token plus the accepted drafts, per step."""
+        return 1.0 + sum(self.accepted_at_position) / self.steps
+
+    def step_cost(self, cost_ratio: float, verify_cost: CostCurve | None) -> float:
+        """Mean cost of a step in target forwards: one draft forward per drafted token, one verification."""
+        at_least = [self.steps, *self.drafted_at_position, 0]  # steps with L >= 0, 1, ..., max, max + 1
+        curve = verify_cost or CostCurve.flat()
+        verify = sum((at_least[n] - at_least[n + 1]) * curve(n + 1) for n in range(len(at_least) - 1))
+        return (sum(self.drafted_at_position) * cost_ratio + verify) / self.steps
 
 
-def implied_step_cost(tau: float, speedup: float) -> float:
-    """The cost of one step, in plain decoding forwards, that tokens-per-step `tau` and `speedup` imply."""
-    if not tau >= 1.0:
-        raise ValueError(f"tau counts the target's own token, so it is at least 1, got {tau!r}.")
-    return tau / check_positive("speedup", speedup, "plain time / speculative time")
+def calibrate_run(
+    counts: RunCounts,
+    cost_ratio: float,
+    verify_cost: CostCurve | None,
+    measured_speedup: float,
+    measured_tau: float | None = None,
+) -> CalibrationReport:
+    """Compare the cost model's speedup for a run with the measured one (see the module's docstring)."""
+    measured_speedup = check_positive("measured_speedup", measured_speedup, "plain time / speculative time")
+    tau = counts.expected_tokens()
+    speedup = tau / counts.step_cost(cost_ratio, verify_cost)
+    return CalibrationReport(tau, measured_tau, speedup, measured_speedup, speedup / measured_speedup - 1.0)
 
 
-def explain_published(result: PublishedResult, modelled_step_cost: float) -> OverheadReport:
-    """Split a published result's implied step cost into what `modelled_step_cost` explains and the rest."""
-    implied = implied_step_cost(result.tau, result.speedup)
-    modelled = check_positive("modelled_step_cost", modelled_step_cost, "a step's cost in plain forwards")
-    predicted = result.tau / modelled
-    return OverheadReport(implied, modelled, implied - modelled, predicted, predicted / result.speedup - 1.0)
+def _sum_lists(lists: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    width = max((len(x) for x in lists), default=0)
+    return tuple(sum(x[i] for x in lists if i < len(x)) for i in range(width))
+
+
+def calibrate_bench(
+    results: dict[str, Any], method: str = "specdec", cost_ratio: float | None = None
+) -> CalibrationReport:
+    """Calibrate against one method of an `hf-specdec bench` run (its `results.json`, loaded).
+
+    The run must have timed the cost curve (`--cost-curve`). The draft's cost ratio is the run's own,
+    draft seconds per drafted token over the one-token forward of the curve, unless `cost_ratio` is given.
+    """
+    samples = [s for s in results.get("samples", []) if s["method"] == method]
+    if not samples:
+        raise ValueError(f"No samples of method {method!r} in these results; methods: {sorted(results['summary'])}.")
+    curve_points = results.get("cost_curve_seconds") or {}
+    if not curve_points:
+        raise ValueError("These results have no cost curve; run the benchmark with --cost-curve.")
+    curve = CostCurve.from_points({int(n): float(t) for n, t in curve_points.items()}, unit="s", source="bench")
+    counts = RunCounts(
+        steps=sum(sum(s["target_forwards"]) for s in samples),
+        drafted_at_position=_sum_lists([s["drafted_at_position"] for s in samples]),
+        accepted_at_position=_sum_lists([s["accepted_at_position"] for s in samples]),
+    )
+    if cost_ratio is None:
+        draft_forwards = sum(counts.drafted_at_position)
+        cost_ratio = sum(s["draft_seconds"] for s in samples) / max(draft_forwards, 1) / curve.times[0]
+    summary = results["summary"][method]
+    return calibrate_run(counts, cost_ratio, curve, summary["speedup_vs_plain"], summary.get("tau"))

@@ -168,8 +168,9 @@ def _add_monte_carlo(args: argparse.Namespace, costs: _Costs, predictions: list[
 
 
 def _print_table(args: argparse.Namespace, costs: _Costs, rows: list[dict]) -> None:
-    alphas = ",".join(f"{a:g}" for a in args.alpha)
-    print(f"alpha {alphas}; draft cost ratio c = {costs.cost_ratio:.4g}; {costs.description}")
+    chains = any(row["kind"] == "chain" and row["draft_length"] > 0 for row in rows)
+    alphas = f"alpha {','.join(f'{a:g}' for a in args.alpha)}; " if chains else ""
+    print(f"{alphas}draft cost ratio c = {costs.cost_ratio:.4g}; {costs.description}")
     header = f"  {'kind':<6}{'depth':>6}{'nodes':>6}{'tau':>8}{'cost':>8}{'speedup':>9}"
     header += f"{'ms/tok':>9}" if costs.target_ms is not None else ""
     header += f"{'MC tau [95% CI]':>26}" if args.monte_carlo else ""
