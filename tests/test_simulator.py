@@ -23,10 +23,13 @@ from hf_specdec.simulator import (
     CostCurve,
     Device,
     ModelSpec,
+    RunCounts,
     acceptance_from_stats,
     alpha_from_tau,
     best_tree,
     calibrate,
+    calibrate_bench,
+    calibrate_run,
     chain_tree,
     check_tree,
     expected_speedup,
@@ -266,6 +269,38 @@ def test_calibrate_reports_the_relative_error() -> None:
     predicted = 2.5 / (3 * 0.4 + 121 / 139)  # three draft forwards, then 4 tokens verified in 121 ms
     assert report.predicted_speedup == pytest.approx(predicted)
     assert report.relative_error == pytest.approx(predicted / 1.1 - 1)
+
+
+def test_calibrate_run_with_varying_draft_lengths() -> None:
+    # four steps drafting 3, 3, 2 and 1 tokens: D = (4, 3, 2); they accepted 6 drafts in all, A = (3, 2, 1)
+    counts = RunCounts(steps=4, drafted_at_position=(4, 3, 2), accepted_at_position=(3, 2, 1))
+    assert counts.expected_tokens() == 2.5
+    assert counts.step_cost(0.4, None) == pytest.approx(9 / 4 * 0.4 + 1)
+    verify = (2 * 121 + 120 + 119) / 4 / 139  # V(4) twice, V(3) (interpolated), V(2)
+    assert counts.step_cost(0.4, CPU_QWEN_1_5B_BF16) == pytest.approx(9 / 4 * 0.4 + verify)
+    report = calibrate_run(counts, 0.4, CPU_QWEN_1_5B_BF16, measured_speedup=1.2)
+    assert report.relative_error == pytest.approx(2.5 / (0.9 + verify) / 1.2 - 1)
+
+
+def test_calibrate_run_of_a_constant_length_is_the_closed_form() -> None:
+    counts = RunCounts(steps=4, drafted_at_position=(4, 4, 4), accepted_at_position=(3, 2, 1))
+    by_counts = calibrate_run(counts, 0.3, CPU_QWEN_1_5B_BF16, 1.0)
+    by_rates = calibrate([0.75, 2 / 3, 0.5], 3, 0.3, CPU_QWEN_1_5B_BF16, 1.0)
+    assert by_counts.predicted_speedup == pytest.approx(by_rates.predicted_speedup)
+
+
+def test_calibrate_bench_reads_results_json() -> None:
+    sample = {"target_forwards": [2], "drafted_at_position": [2, 1], "accepted_at_position": [1, 0]}
+    results = {
+        "summary": {"specdec": {"speedup_vs_plain": 1.1, "tau": 1.5}},
+        "cost_curve_seconds": {"1": 0.1, "2": 0.1, "4": 0.12},
+        "samples": [{"method": "plain"}, {"method": "specdec", "draft_seconds": 0.12, **sample}],
+    }
+    report = calibrate_bench(results)
+    # c = 0.12 s / 3 drafted tokens / 0.1 s = 0.4; steps drafted 2 and 1 tokens: V(3) = 1.1, V(2) = 1
+    assert report.predicted_tau == 1.5
+    assert report.predicted_speedup == pytest.approx(1.5 / (3 / 2 * 0.4 + (1.1 + 1.0) / 2))
+    assert report.measured_speedup == 1.1
 
 
 def test_spec_bench_medusa_implied_overhead() -> None:

@@ -3,15 +3,23 @@
 from hf_specdec.acceptance import greedy_accept, residual_distribution, speculative_sampling
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads
 from hf_specdec.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.tree import DraftTree, build_tree, preset_tree
 
 __all__ = [
     "DraftLengthPolicy",
+    "DraftTree",
+    "MedusaConfig",
+    "MedusaForCausalLM",
+    "MedusaHeads",
     "SpeculativeDecoderOnlyOutput",
     "SpeculativeGenerationMixin",
     "SpeculativeStats",
+    "build_tree",
     "greedy_accept",
+    "preset_tree",
     "residual_distribution",
     "speculative",
     "speculative_decode",

@@ -12,6 +12,7 @@ verification forward feeds first.
     ranks       (N+1,)        candidate rank of every node at its depth (the root: 0)
     ancestors   (N+1, N+1)    ancestors[i, j]: node j is node i or one of its ancestors (the attention mask)
     paths       (L, D+1)      every root-to-leaf path as node indices, padded with -1 after the leaf
+    children    (N+1, C)      every node's children by rank, padded with -1
 A chain of k drafts is the tree `[[0], [0, 0], ...]` with one child per node.
 """
 
@@ -36,6 +37,7 @@ class DraftTree:
     ranks: torch.Tensor = field(init=False, repr=False, compare=False)
     ancestors: torch.Tensor = field(init=False, repr=False, compare=False)
     paths: torch.Tensor = field(init=False, repr=False, compare=False)
+    children: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __init__(self, choices: list[list[int]] | tuple[tuple[int, ...], ...]) -> None:
         normalized = _validate(choices)
@@ -69,6 +71,13 @@ class DraftTree:
         object.__setattr__(self, "ranks", torch.tensor(ranks))
         object.__setattr__(self, "ancestors", ancestors)
         object.__setattr__(self, "paths", paths)
+        kids: list[list[int]] = [[] for _ in range(n)]
+        for node in range(1, n):  # nodes are sorted, so siblings arrive in rank order
+            kids[parents[node]].append(node)
+        children = torch.full((n, max(len(k) for k in kids)), -1, dtype=torch.long)
+        for node, k in enumerate(kids):
+            children[node, : len(k)] = torch.tensor(k, dtype=torch.long)
+        object.__setattr__(self, "children", children)
 
     @classmethod
     def chain(cls, length: int) -> DraftTree:
@@ -111,3 +120,65 @@ def _validate(choices: list[list[int]] | tuple[tuple[int, ...], ...]) -> list[tu
         if len(path) > 1 and path[:-1] not in present:
             raise ValueError(f"Tree path {list(path)} has no parent {list(path[:-1])}: every prefix must be a path.")
     return paths
+
+
+def build_tree(accuracies: list[list[float]], num_nodes: int) -> DraftTree:
+    """The tree that maximises the expected number of accepted tokens for a node budget (Medusa's greedy
+    construction).
+
+    `accuracies[d][r]` is the probability that the rank-r candidate at depth d + 1 is the right token
+    (for Medusa, head d's top-(r+1) accuracy minus its top-r accuracy). Taking candidates at different depths
+    as independent, a node is accepted with the product of the accuracies along its path, and the expected
+    accepted length is the sum of that over all nodes. A child is never likelier than its parent, so the
+    `num_nodes` likeliest paths always form a valid tree, and a greedy pick of the likeliest frontier node is
+    optimal.
+
+    Args:
+        accuracies (`list[list[float]]`): per depth, per rank, in [0, 1].
+        num_nodes (`int`): drafted nodes (the root not counted).
+
+    Returns:
+        `DraftTree` with `num_nodes` nodes (fewer if the accuracies allow no more).
+    """
+    if num_nodes < 1:
+        raise ValueError(f"A tree needs at least one node, got num_nodes={num_nodes}.")
+    if any(not 0.0 <= a <= 1.0 for row in accuracies for a in row) or not accuracies:
+        raise ValueError("accuracies must be a non-empty list of per-depth lists of probabilities in [0, 1].")
+    frontier: list[tuple[float, tuple[int, ...]]] = [(a, (r,)) for r, a in enumerate(accuracies[0])]
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < num_nodes:
+        frontier.sort(key=lambda item: (-item[0], item[1]))
+        probability, path = frontier.pop(0)
+        chosen.append(path)
+        if len(path) < len(accuracies):
+            frontier += [(probability * a, (*path, r)) for r, a in enumerate(accuracies[len(path)])]
+    return DraftTree([list(p) for p in chosen])
+
+
+def expected_accepted_length(tree: DraftTree, accuracies: list[list[float]]) -> float:
+    """Expected drafted tokens accepted per step under the same independence model as [`build_tree`]."""
+    total = 0.0
+    for path in tree.choices:
+        probability = 1.0
+        for depth, rank in enumerate(path):
+            probability *= accuracies[depth][rank] if rank < len(accuracies[depth]) else 0.0
+        total += probability
+    return total
+
+
+# Accuracies by depth and rank typical of trained Medusa-1 heads (top-1 about 0.6, 0.4, 0.3, 0.2, 0.15, the
+# next ranks adding less and less); the presets are the best trees for them.
+_TYPICAL_TOP1 = (0.6, 0.4, 0.3, 0.2, 0.15)
+PRESET_SIZES = {"small": 8, "medium": 16, "large": 32, "xlarge": 64}
+
+
+def preset_tree(name: str, num_heads: int) -> DraftTree:
+    """A preset tree (`"small"`, `"medium"`, `"large"`, `"xlarge"`: 8 to 64 nodes) no deeper than `num_heads`,
+    or `"chain"`: the top candidate of every head."""
+    if name == "chain":
+        return DraftTree.chain(num_heads)
+    if name not in PRESET_SIZES:
+        raise ValueError(f"Unknown tree preset {name!r}; choose from {['chain', *PRESET_SIZES]}.")
+    depth = min(num_heads, len(_TYPICAL_TOP1))
+    accuracies = [[top1 * 0.45**rank for rank in range(8)] for top1 in _TYPICAL_TOP1[:depth]]
+    return build_tree(accuracies, PRESET_SIZES[name])

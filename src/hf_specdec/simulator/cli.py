@@ -101,8 +101,12 @@ class _Costs:
 
 def _costs(args: argparse.Namespace) -> _Costs:
     if args.device is None:
-        if args.target_params is not None or args.draft_params is not None:
-            raise ValueError("--target-params and --draft-params need --device (cpu, a100, h100 or h200).")
+        roofline_only = (args.target_params, args.draft_params, args.overhead_ms, None if args.batch_size == 1 else 1)
+        if any(option is not None for option in roofline_only):
+            raise ValueError(
+                "--target-params, --draft-params, --overhead-ms and --batch-size describe a roofline: add --device "
+                "(cpu, a100, h100 or h200)."
+            )
         curve = args.cost_curve
         where = "measured verification cost curve" if curve else "flat verification cost (Leviathan et al.)"
         return _Costs(args.cost_ratio, curve, None, where)

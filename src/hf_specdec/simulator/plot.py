@@ -32,7 +32,9 @@ def plot_speedup(
     axes = figure.add_subplot()
     for alpha in alphas:
         speedups = [p.expected_speedup for p in predict_chain(alpha, gammas, cost_ratio, verify_cost)]
-        axes.plot(list(gammas), speedups, marker="o", label=f"alpha = {alpha:g}")
+        (line,) = axes.plot(list(gammas), speedups, marker="o", label=f"alpha = {alpha:g}")
+        top = max(range(len(speedups)), key=speedups.__getitem__)  # the recommended draft length
+        axes.plot([gammas[top]], [speedups[top]], marker="*", markersize=16, color=line.get_color())
     axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")  # break-even with plain decoding
     axes.set_xlabel("draft length gamma (tokens drafted per step)")
     axes.set_ylabel("expected speedup over plain decoding")

@@ -1,0 +1,174 @@
+"""Medusa decoding: candidates from the heads, one tree forward, accept the longest right path, commit.
+
+Handed to transformers' `generate()` as its decoding method (like [`speculative_decode`]), so generation
+configs, processors, stopping criteria and streamers work as in plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from hf_specdec.decoding import choose_token, prompt_positions, synchronize
+from hf_specdec.kv_cache import CachedSequence
+from hf_specdec.masks import chain_structure
+from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.sequences import TokenBuffer
+from hf_specdec.tree import DraftTree
+from hf_specdec.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
+
+ACCEPTANCE = ("exact", "typical")
+
+
+def tree_candidates(head_logits: torch.Tensor, last_token: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """The token of every tree node: the root is `last_token`, a node at depth d and rank r holds head d-1's
+    rank-r candidate.
+
+    Args:
+        head_logits (`torch.Tensor` of shape `(heads, batch, vocab)`): the heads' logits at the last position.
+        last_token (`torch.LongTensor` of shape `(batch,)`): the root.
+        tree (`DraftTree`): the tree.
+
+    Returns:
+        `torch.LongTensor` of shape `(batch, nodes)`.
+    """
+    top_k = max(tree.top_k_per_depth())
+    candidates = head_logits[: tree.depth].topk(top_k, dim=-1).indices  # (D, B, top_k)
+    depths = tree.depths[1:].to(last_token.device) - 1  # (N-1,)
+    ranks = tree.ranks[1:].to(last_token.device)
+    drafted = candidates[depths, :, ranks].T  # (B, N-1)
+    return torch.cat([last_token[:, None], drafted], dim=1)
+
+
+@torch.no_grad()
+def medusa_decode(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    *,
+    heads: MedusaHeads,
+    tree: DraftTree,
+    acceptance: str = "exact",
+    typical_epsilon: float = 0.09,
+    typical_delta: float = 0.3,
+    streamer: BaseStreamer | None = None,
+    generator: torch.Generator | None = None,
+    **model_kwargs: Any,
+) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
+    """Generate with Medusa heads verifying a tree of candidates per step.
+
+    Args:
+        model (`PreTrainedModel`): the base model.
+        input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
+        logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
+        heads (`MedusaHeads`): the heads on the base's last hidden state.
+        tree (`DraftTree`): which candidates to verify; no deeper than there are heads.
+        acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
+            `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
+        streamer, generator: as for [`speculative_decode`].
+
+    Returns:
+        `torch.LongTensor` `(batch, prompt + new)`, or a `SpeculativeDecoderOnlyOutput`.
+    """
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    unsupported = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _IGNORED)
+    if unsupported:
+        raise ValueError(f"Medusa decoding takes `input_ids` and `attention_mask` only; got {unsupported}.")
+    do_sample = bool(generation_config.do_sample)
+    input_device, device = input_ids.device, model.device
+    input_ids = input_ids.to(device)
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    processors = RaggedLogitsProcessor(logits_processor)
+    if not processors.prefix_free:
+        raise ValueError(
+            "With medusa=True, logits processors that read the generated prefix (repetition penalty, minimum "
+            "length, n-gram bans, custom processors) are not supported yet; temperature, top-k, top-p and min-p "
+            "are. Drop them, or decode with plain `generate()`."
+        )
+    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=tree.depth + 1)
+    stats = SpeculativeStats.zeros(input_ids.shape[0])
+
+    valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
+    target = CachedSequence(model, input_ids.shape[0], device)
+    structure = chain_structure(input_ids.shape[1], device)
+    out = target.forward(input_ids, valid, positions, structure, logits_to_keep=1, output_hidden_states=True)
+    scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, out.logits[:, -1:].float())
+    last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
+    hidden = out.hidden_states[-1][:, -1:]  # (B, 1, H) the state the heads read
+    emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
+    _stream(streamer, last_token[:, None], emitted)
+    next_position = positions[:, -1] + 2  # (A,) position of the first drafted node
+    lm_head = model.get_output_embeddings()
+    structure = tree.ancestors.to(device)
+
+    while True:
+        keep = buffer.retire(finished)
+        if keep.numel() == 0:
+            break
+        if keep.numel() < finished.numel():
+            target.select_rows(keep)
+            next_position, last_token, hidden = next_position[keep], last_token[keep], hidden[keep]
+        started = time.perf_counter()
+        # Draft: the heads' top candidates fill the tree.
+        head_logits = heads(hidden, lm_head)[:, :, -1].float()  # (K, A, V)
+        nodes = tree_candidates(head_logits, last_token, tree)  # (A, N)
+        synchronize(device)
+        drafted = time.perf_counter()
+        # Verify: one forward over the whole tree under its ancestor mask.
+        node_positions = (next_position[:, None] - 1 + tree.depths.to(device)[None]).clamp_max(buffer.max_length - 1)
+        every = torch.ones_like(nodes, dtype=torch.bool)
+        out = target.forward(nodes, every, node_positions, structure, output_hidden_states=True)
+        scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, out.logits.float())  # (A, N, V)
+        # Accept: the longest right path.
+        if not do_sample:
+            path, num_accepted, next_token = greedy_accept_tree(nodes, scores, tree)
+        elif acceptance == "typical":
+            p = torch.softmax(scores, dim=-1)
+            path, num_accepted, next_token = typical_accept_tree(
+                nodes, p, tree, typical_epsilon, typical_delta, generator
+            )
+        else:
+            path, num_accepted, next_token = sample_accept_tree(nodes, torch.softmax(scores, dim=-1), tree, generator)
+        # Commit: the accepted path's tokens and KV entries, in order.
+        path_nodes = tree.paths.to(device)[path]  # (A, D+1), the root first
+        new_tokens = nodes.gather(1, path_nodes[:, 1:].clamp_min(0))  # (A, D)
+        new_tokens = torch.cat([new_tokens, next_token[:, None]], dim=1)  # (A, D+1)
+        new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
+        emitted, finished = buffer.commit(new_tokens, num_accepted + 1, None)
+        _stream(streamer, new_tokens, emitted)
+        target.keep_nodes(tree.num_nodes, path_nodes, num_accepted + 1)
+        target.maybe_compact()
+        last_node = path_nodes.gather(1, num_accepted[:, None])  # (A, 1)
+        states = out.hidden_states[-1]  # (A, N, H)
+        hidden = states.gather(1, last_node[..., None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
+        next_position = next_position + num_accepted + 1
+        last_token = next_token
+        synchronize(device)
+        verified = time.perf_counter()
+        stats.record_step(buffer.active, tree.depth, num_accepted, emitted)
+        stats.draft_seconds += drafted - started
+        stats.verify_seconds += verified - drafted
+
+    if streamer is not None:
+        streamer.end()
+    pad = generation_config._pad_token_tensor
+    sequences = buffer.sequences(int(pad) if pad is not None else 0).to(input_device)
+    if generation_config.return_dict_in_generate:
+        return SpeculativeDecoderOnlyOutput(sequences=sequences, speculative=stats)
+    return sequences
+
+
+_IGNORED = {"cache", "use_cache", "position_ids", "logits_to_keep"}
+
+
+def _stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+    if streamer is not None:
+        streamer.put(tokens[0, : int(emitted[0])].cpu())

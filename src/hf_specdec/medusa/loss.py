@@ -1,0 +1,81 @@
+"""The Medusa training objective, named and tested here so that training recipes stay thin.
+
+At position i the base's lm_head predicts token i + 1; head k (counting from 0) predicts token i + 2 + k,
+so its labels are the input ids shifted left by k + 2. Heads further ahead are harder and count less:
+head k's loss is weighted by `decay ** k` (Medusa uses 0.8).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional
+
+IGNORE_INDEX = -100
+
+
+def head_labels(labels: torch.Tensor, head: int) -> torch.Tensor:
+    """Labels of head `head` at every position: the token `head + 2` steps ahead, `IGNORE_INDEX` past the end.
+
+    Args:
+        labels (`torch.LongTensor` of shape `(batch, seq)`): token ids, `IGNORE_INDEX` where no loss applies
+            (prompt tokens, padding).
+        head (`int`): k, from 0.
+
+    Returns:
+        `torch.LongTensor` of shape `(batch, seq)`.
+    """
+    shift = head + 2
+    shifted = torch.full_like(labels, IGNORE_INDEX)
+    if shift < labels.shape[1]:
+        shifted[:, :-shift] = labels[:, shift:]
+    return shifted
+
+
+def head_weights(num_heads: int, decay: float = 0.8) -> torch.Tensor:
+    """`decay ** k` for k in `0..num_heads-1`."""
+    if not 0.0 < decay <= 1.0:
+        raise ValueError(f"decay must be in (0, 1], got {decay}.")
+    return decay ** torch.arange(num_heads, dtype=torch.float32)
+
+
+def medusa_loss(
+    head_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted cross-entropy of every head against its shifted labels.
+
+    Args:
+        head_logits (`torch.Tensor` of shape `(heads, batch, seq, vocab)`).
+        labels (`torch.LongTensor` of shape `(batch, seq)`): as for [`head_labels`].
+        weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
+
+    Returns:
+        `(loss, per_head)`: the weighted sum (a scalar) and each head's mean loss `(heads,)`.
+    """
+    num_heads = head_logits.shape[0]
+    weights = head_weights(num_heads) if weights is None else weights
+    per_head = torch.stack(
+        [
+            functional.cross_entropy(
+                head_logits[k].flatten(0, 1).float(), head_labels(labels, k).flatten(), ignore_index=IGNORE_INDEX
+            )
+            for k in range(num_heads)
+        ]
+    )
+    per_head = torch.nan_to_num(per_head)  # a head with no label in the batch contributes nothing
+    return (weights.to(per_head.device) * per_head).sum(), per_head
+
+
+@torch.no_grad()
+def head_accuracy(head_logits: torch.Tensor, labels: torch.Tensor, top_k: int = 1) -> torch.Tensor:
+    """Share of labelled positions where each head's top-`top_k` holds its label `(heads,)`."""
+    accuracies = []
+    for k in range(head_logits.shape[0]):
+        target = head_labels(labels, k)  # (B, T)
+        keep = target != IGNORE_INDEX
+        if not keep.any():
+            accuracies.append(torch.tensor(float("nan")))
+            continue
+        top = head_logits[k].topk(top_k, dim=-1).indices  # (B, T, top_k)
+        hit = (top == target[..., None]).any(dim=-1)
+        accuracies.append(hit[keep].float().mean().cpu())
+    return torch.stack(accuracies)

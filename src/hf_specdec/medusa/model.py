@@ -1,0 +1,216 @@
+"""`MedusaForCausalLM`: a base causal LM plus Medusa heads, saved and shared as the heads alone."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.utils import PushToHubMixin
+
+from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
+from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
+from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.tree import DraftTree, preset_tree
+from hf_specdec.validation import check_generation_config, output_vocab_size
+
+WEIGHTS_NAME = "medusa_heads.safetensors"
+
+
+class MedusaForCausalLM(nn.Module, PushToHubMixin):
+    """A base causal LM with Medusa heads on its last hidden state.
+
+    The base is any transformers decoder-only model, used through its public forward and left untouched.
+    `generate(..., medusa=True)` decodes with the heads and a verification tree; without `medusa=True`,
+    `generate()` is the base's own.
+
+    Args:
+        base (`PreTrainedModel`): the base model.
+        config (`MedusaConfig`): the heads' configuration (sizes are checked against the base).
+        heads (`MedusaHeads`, *optional*): existing heads; fresh ones are built when `None`.
+    """
+
+    def __init__(self, base: PreTrainedModel, config: MedusaConfig, heads: MedusaHeads | None = None) -> None:
+        super().__init__()
+        hidden = base.config.get_text_config(decoder=True).hidden_size
+        vocab = output_vocab_size(base)
+        config.hidden_size = config.hidden_size or hidden
+        config.vocab_size = config.vocab_size or vocab
+        if (config.hidden_size, config.vocab_size) != (hidden, vocab):
+            raise ValueError(
+                f"These heads were made for hidden size {config.hidden_size} and {config.vocab_size} logits, but the "
+                f"base has hidden size {hidden} and {vocab} logits: they belong to another base model."
+            )
+        if config.base_model_name_or_path is None:
+            config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
+        self.base = base
+        self.config = config
+        if heads is None:
+            heads = MedusaHeads(config.num_heads, config.num_layers, hidden, vocab, config.share_lm_head)
+            heads.init_projections_from(base.get_output_embeddings())
+            heads.to(device=base.device, dtype=base.dtype)
+        self.heads = heads
+
+    # Construction, saving and loading ---------------------------------------------------------------------
+
+    @classmethod
+    def from_base(cls, base: PreTrainedModel, config: MedusaConfig | None = None) -> MedusaForCausalLM:
+        """Fresh heads on `base` (which is not modified)."""
+        return cls(base, config or MedusaConfig())
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
+        """Write the config (JSON), the heads' weights only (safetensors) and a model card."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config.save_pretrained(directory)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
+        save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+        (directory / "README.md").write_text(_model_card(self.config))
+
+    @classmethod
+    def from_pretrained(
+        cls, path_or_repo: str | Path, base_model: PreTrainedModel | None = None, **base_kwargs: Any
+    ) -> MedusaForCausalLM:
+        """Load heads from a folder or a Hub repository, and their base (from `config.base_model_name_or_path`
+        unless `base_model` is given; `base_kwargs` go to the base's `from_pretrained`).
+
+        The original Medusa release's format (`medusa_lm_head.pt` with a `config.json` holding
+        `medusa_num_heads`) is read too.
+        """
+        directory = _local_directory(path_or_repo)
+        if not (directory / CONFIG_NAME).exists() and (directory / "medusa_lm_head.pt").exists():
+            from hf_specdec.medusa.original import load_original
+
+            config, state = load_original(directory)
+        else:
+            config = MedusaConfig.from_pretrained(directory)
+            state = load_file(directory / WEIGHTS_NAME)
+        if base_model is None:
+            if not config.base_model_name_or_path:
+                raise ValueError("The heads' config names no base model: pass `base_model=`.")
+            base_model = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, **base_kwargs)
+        model = cls(base_model, config)
+        missing, unexpected = model.heads.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"The heads' weights do not match their config: missing {missing}, unexpected {unexpected}."
+            )
+        model.heads.to(device=base_model.device, dtype=base_model.dtype)
+        return model
+
+    # Generation -------------------------------------------------------------------------------------------
+
+    def default_tree(self) -> DraftTree:
+        """The config's tree, or the `"medium"` preset cut to the number of heads."""
+        if self.config.tree is not None:
+            return DraftTree(self.config.tree)
+        return preset_tree("medium", self.config.num_heads)
+
+    def _resolve_tree(self, tree: DraftTree | str | list[list[int]] | None) -> DraftTree:
+        if tree is None:
+            resolved = self.default_tree()
+        elif isinstance(tree, DraftTree):
+            resolved = tree
+        elif isinstance(tree, str):
+            resolved = preset_tree(tree, self.config.num_heads)
+        else:
+            resolved = DraftTree(tree)
+        if resolved.depth > self.config.num_heads:
+            raise ValueError(f"The tree is {resolved.depth} deep but there are only {self.config.num_heads} heads.")
+        return resolved
+
+    @torch.no_grad()
+    def generate(
+        self,
+        *args: Any,
+        medusa: bool = False,
+        tree: DraftTree | str | list[list[int]] | None = None,
+        medusa_acceptance: str = "exact",
+        typical_epsilon: float = 0.09,
+        typical_delta: float = 0.3,
+        **kwargs: Any,
+    ) -> Any:
+        """`generate()` of the base; with `medusa=True`, decoded with the heads.
+
+        Args:
+            medusa (`bool`): decode with the heads and a verification tree.
+            tree: a `DraftTree`, a preset name (`"chain"`, `"small"`, `"medium"`, `"large"`, `"xlarge"`) or
+                Medusa choices; default: the config's tree, else `"medium"`.
+            medusa_acceptance (`str`): `"exact"` (lossless: greedy identity, or the target's distribution when
+                sampling) or `"typical"` (Medusa's typical acceptance, **lossy**, sampling only).
+            typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
+        """
+        if not medusa:
+            if tree is not None or medusa_acceptance != "exact":
+                raise ValueError("`tree` and `medusa_acceptance` apply with `medusa=True` only.")
+            return self.base.generate(*args, **kwargs)
+        if medusa_acceptance not in ACCEPTANCE:
+            raise ValueError(f"medusa_acceptance must be one of {ACCEPTANCE}, got {medusa_acceptance!r}.")
+        for name in ("assistant", "assistant_model", "custom_generate"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"`{name}` cannot be combined with `medusa=True`.")
+        generation_config = kwargs.pop("generation_config", None)
+        config = (generation_config or self.base.generation_config).__class__.from_dict(
+            (generation_config or self.base.generation_config).to_dict()
+        )
+        rest = config.update(**kwargs)
+        check_generation_config(config)
+        if medusa_acceptance == "typical" and not config.do_sample:
+            raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
+        decode = functools.partial(
+            medusa_decode,
+            heads=self.heads,
+            tree=self._resolve_tree(tree),
+            acceptance=medusa_acceptance,
+            typical_epsilon=typical_epsilon,
+            typical_delta=typical_delta,
+            streamer=rest.get("streamer"),
+        )
+        return self.base.generate(*args, generation_config=config, custom_generate=decode, **rest)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The base's forward (heads are applied by `generate` and by the training loss)."""
+        return self.base(*args, **kwargs)
+
+
+def _local_directory(path_or_repo: str | Path) -> Path:
+    path = Path(path_or_repo)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(path_or_repo)))
+
+
+def _model_card(config: MedusaConfig) -> str:
+    lines = [
+        "---",
+        "library_name: hf_specdec",
+        f"base_model: {config.base_model_name_or_path}" if config.base_model_name_or_path else "",
+        "tags: [medusa, speculative-decoding]",
+        "---",
+        "",
+        f"# Medusa heads for {config.base_model_name_or_path or 'a causal LM'}",
+        "",
+        f"- heads: {config.num_heads}, residual blocks per head: {config.num_layers}, "
+        f"shared lm_head: {config.share_lm_head}",
+        f"- tree: {config.tree if config.tree is not None else 'preset medium'}",
+    ]
+    if config.measured_top1:
+        lines.append(f"- measured top-1 accuracy per head: {[round(a, 3) for a in config.measured_top1]}")
+    for key, value in config.extra.items():
+        lines.append(f"- {key}: {value}")
+    lines += [
+        "",
+        "```python",
+        "from hf_specdec import MedusaForCausalLM",
+        "model = MedusaForCausalLM.from_pretrained('<this folder or repo>')",
+        "out = model.generate(**inputs, medusa=True, max_new_tokens=256)",
+        "```",
+        "",
+    ]
+    return "\n".join(line for line in lines if line is not None)
