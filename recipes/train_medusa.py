@@ -1,0 +1,24 @@
+"""Train Medusa heads for any causal LM.
+
+    python recipes/train_medusa.py --base smollm2-135m --data conversations.jsonl --num_heads 4 \
+        --output_dir heads/smollm2 [--self_distill] [--cache_hidden_states] [--lora] [--push_to_hub]
+
+Every `TrainingArguments` option works too (--num_train_epochs, --learning_rate, --per_device_train_batch_size,
+--gradient_accumulation_steps, --bf16, --resume_from_checkpoint, --deepspeed, ...). See docs/training.md.
+"""
+
+from __future__ import annotations
+
+from transformers import HfArgumentParser, TrainingArguments
+
+from hf_specdec.training import MedusaTrainingConfig, train_medusa
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = HfArgumentParser((MedusaTrainingConfig, TrainingArguments))
+    config, training_args = parser.parse_args_into_dataclasses(args=argv)
+    train_medusa(config, training_args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Training Medusa heads with the ecosystem's tools: `datasets`, `Trainer`, PEFT."""
+
+from hf_specdec.training.collator import MedusaCollator
+from hf_specdec.training.data import load_records, tokenize_conversation, tokenize_records
+from hf_specdec.training.hidden_cache import cache_hidden_states
+from hf_specdec.training.pipeline import MedusaTrainingConfig, train_medusa
+from hf_specdec.training.self_distill import self_distill
+from hf_specdec.training.trainer import MedusaTrainer
+
+__all__ = [
+    "MedusaCollator",
+    "MedusaTrainer",
+    "MedusaTrainingConfig",
+    "cache_hidden_states",
+    "load_records",
+    "self_distill",
+    "tokenize_conversation",
+    "tokenize_records",
+    "train_medusa",
+]

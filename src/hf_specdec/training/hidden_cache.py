@@ -1,0 +1,56 @@
+"""Cache the frozen base's last hidden states once, so Medusa-1 heads train without running the base.
+
+On a CPU the base's forward dominates training time; with a frozen base its hidden states never change,
+so they are computed once per example, stored with `datasets` (float16, on disk) and reused every epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import PreTrainedModel
+
+from hf_specdec.training.collator import MedusaCollator
+
+
+@torch.no_grad()
+def cache_hidden_states(
+    base: PreTrainedModel,
+    tokenized: datasets.Dataset,
+    directory: str | Path,
+    pad_token_id: int,
+    batch_size: int = 8,
+) -> datasets.Dataset:
+    """Add a `hidden_states` column `(seq, hidden)` (the base's last hidden states, after its final norm) to a
+    tokenised data set, saved under `directory` and reloaded from there if it already exists.
+
+    The folder name should identify the base and the data (the recipe uses the data set's fingerprint).
+    """
+    directory = Path(directory)
+    if (directory / "dataset_info.json").exists():
+        return datasets.load_from_disk(str(directory))
+    collate = MedusaCollator(pad_token_id)
+    hidden_size = base.config.get_text_config(decoder=True).hidden_size
+
+    def add_hidden(batch: dict[str, list]) -> dict[str, list]:
+        examples = [
+            {"input_ids": i, "labels": label} for i, label in zip(batch["input_ids"], batch["labels"], strict=True)
+        ]
+        padded = collate(examples)
+        out = base(
+            input_ids=padded["input_ids"].to(base.device),
+            attention_mask=padded["attention_mask"].to(base.device),
+            output_hidden_states=True,
+        )
+        states = out.hidden_states[-1].to(torch.float16).cpu()
+        return {"hidden_states": [s[: len(i)].numpy() for s, i in zip(states, batch["input_ids"], strict=True)]}
+
+    features = tokenized.features.copy()
+    features["hidden_states"] = datasets.Array2D(shape=(None, hidden_size), dtype="float16")
+    with_hidden = tokenized.map(
+        add_hidden, batched=True, batch_size=batch_size, features=features, desc="caching base hidden states"
+    )
+    with_hidden.save_to_disk(str(directory))
+    return datasets.load_from_disk(str(directory))

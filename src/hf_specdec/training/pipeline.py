@@ -1,0 +1,125 @@
+"""Train Medusa heads end to end: data, optional self-distillation, optional hidden-state cache, Trainer,
+metrics, checkpoint and model card. `recipes/train_medusa.py` wires command-line arguments to `train_medusa`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import TrainingArguments
+
+from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
+from hf_specdec.training.collator import MedusaCollator
+from hf_specdec.training.data import load_records, tokenize_records
+from hf_specdec.training.hidden_cache import cache_hidden_states
+from hf_specdec.training.self_distill import self_distill
+from hf_specdec.training.trainer import MedusaTrainer
+from hf_specdec.zoo import drop_quantization_flags, load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class MedusaTrainingConfig:
+    """What to train; every `TrainingArguments` option is available beside these."""
+
+    base: str = field(metadata={"help": "Base model: a zoo name (e.g. smollm2-135m), a local folder or a Hub id."})
+    data: str = field(
+        metadata={"help": "Training data: JSON/JSONL/parquet files (comma-separated, or a folder) or a Hub data set."}
+    )
+    num_heads: int = field(default=4, metadata={"help": "Medusa heads."})
+    num_layers: int = field(default=1, metadata={"help": "Residual blocks per head."})
+    share_lm_head: bool = field(default=True, metadata={"help": "Heads project with the base's lm_head."})
+    max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
+    max_examples: int | None = field(default=None, metadata={"help": "Use only this many records."})
+    eval_fraction: float = field(default=0.05, metadata={"help": "Share of examples held out for evaluation."})
+    self_distill: bool = field(default=False, metadata={"help": "Generate the replies with the base itself."})
+    distill_max_new_tokens: int = field(default=256, metadata={"help": "Reply length when self-distilling."})
+    distill_batch_size: int = field(default=8, metadata={"help": "Batch size when self-distilling."})
+    cache_hidden_states: bool = field(default=False, metadata={"help": "Medusa-1: compute base states once."})
+    lora: bool = field(default=False, metadata={"help": "Medusa-2: train the base too, through LoRA adapters."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    distill_weight: float = field(default=1.0, metadata={"help": "Medusa-2: KL weight to the frozen base."})
+    head_decay: float = field(default=0.8, metadata={"help": "Head k's loss weight is head_decay ** k."})
+    tree_nodes: int = field(default=16, metadata={"help": "Node budget of the tree built from measured accuracies."})
+    dtype: str = field(default="float32", metadata={"help": f"Base weights' dtype: {sorted(DTYPES)}."})
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}.")
+        if self.cache_hidden_states and self.lora:
+            raise ValueError("Cached hidden states need a frozen base; they cannot be combined with --lora.")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+
+
+def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments) -> MedusaForCausalLM:
+    """Train heads as configured, save them to `training_args.output_dir`, and return the model."""
+    base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
+    drop_quantization_flags(base)  # GGUF-loaded bases are dense but flagged quantized; Trainer would refuse
+    records = load_records(config.data)
+    if config.max_examples is not None:
+        records = records.select(range(min(config.max_examples, len(records))))
+    output_dir = Path(training_args.output_dir)
+    if config.self_distill:
+        records = self_distill(
+            base,
+            tokenizer,
+            records,
+            output_dir / "self_distill.jsonl",
+            max_new_tokens=config.distill_max_new_tokens,
+            batch_size=config.distill_batch_size,
+        )
+    tokenized = tokenize_records(records, tokenizer, config.max_length)
+    if config.cache_hidden_states:
+        folder = output_dir / "hidden_states" / tokenized._fingerprint
+        tokenized = cache_hidden_states(base, tokenized, folder, tokenizer.pad_token_id)
+        tokenized = tokenized.remove_columns("input_ids")
+    split = (
+        tokenized.train_test_split(test_size=config.eval_fraction, seed=training_args.seed)
+        if config.eval_fraction
+        else None
+    )
+    medusa_config = MedusaConfig(
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        share_lm_head=config.share_lm_head,
+        base_model_name_or_path=config.base,
+    )
+    model = MedusaForCausalLM.from_base(base, medusa_config).freeze_base()
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model.base = get_peft_model(
+            base, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, target_modules="all-linear")
+        )
+    trainer = MedusaTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=split["train"] if split else tokenized,
+        eval_dataset=split["test"] if split else None,
+        data_collator=MedusaCollator(tokenizer.pad_token_id),
+        head_decay=config.head_decay,
+        distill_weight=config.distill_weight,
+        tree_nodes=config.tree_nodes,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if split is not None:
+        metrics = trainer.evaluate()
+        medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(config.num_heads)]
+        medusa_config.tree = [list(path) for path in trainer.last_tree.choices]
+        medusa_config.extra.update(
+            training_data=config.data,
+            self_distilled=config.self_distill,
+            expected_tau=round(metrics["eval_expected_tau"], 3),
+            top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(config.num_heads)],
+        )
+        (output_dir / "eval_metrics.json").write_text(json.dumps(metrics, indent=2))
+    medusa_config.extra["training_config"] = asdict(config)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    if training_args.push_to_hub:
+        model.push_to_hub(training_args.hub_model_id or output_dir.name)
+    return model

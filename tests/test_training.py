@@ -1,0 +1,183 @@
+"""Training Medusa heads: data rendering, the Trainer loop, hidden-state caching, LoRA, the recipe."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import PreTrainedTokenizerFast, TrainingArguments
+
+from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.medusa.loss import IGNORE_INDEX
+from hf_specdec.training import (
+    MedusaCollator,
+    MedusaTrainer,
+    cache_hidden_states,
+    load_records,
+    tokenize_conversation,
+    tokenize_records,
+)
+from hf_specdec.training.data import to_messages
+from tests.tiny_models import VOCAB, tiny_model
+
+ROLES = ["user", "assistant", "system"]
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant {% endif %}"
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    words = [f"t{i}" for i in range(VOCAB - len(ROLES))] + ROLES
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="t2"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="t0", eos_token="t3")
+    tokenizer.chat_template = TEMPLATE
+    return tokenizer
+
+
+def _conversations(n: int, seed: int = 0) -> list[dict]:
+    """Conversations whose replies follow a rule the heads can learn: counting up from the prompt's token."""
+    generator = torch.Generator().manual_seed(seed)
+    records = []
+    for _ in range(n):
+        start = int(torch.randint(4, 40, (1,), generator=generator))
+        reply = " ".join(f"t{start + i}" for i in range(1, 13))
+        records.append({"conversations": [{"from": "human", "value": f"t{start}"}, {"from": "gpt", "value": reply}]})
+    return records
+
+
+def test_labels_cover_assistant_tokens_only() -> None:
+    tokenizer = tiny_tokenizer()
+    messages = [
+        {"role": "user", "content": "t5 t6"},
+        {"role": "assistant", "content": "t7 t8"},
+        {"role": "user", "content": "t9"},
+        {"role": "assistant", "content": "t10"},
+    ]
+    example = tokenize_conversation(tokenizer, messages, max_length=64)
+    labelled = [tokenizer.convert_ids_to_tokens(t) for t in example["labels"] if t != IGNORE_INDEX]
+    assert labelled == ["t7", "t8", "t10"]
+    assert len(example["input_ids"]) == len(example["labels"])
+
+
+def test_record_formats(tmp_path: Path) -> None:
+    assert to_messages({"messages": [{"role": "user", "content": "x"}]}) == [{"role": "user", "content": "x"}]
+    assert to_messages({"conversations": [{"from": "gpt", "value": "y"}]}) == [{"role": "assistant", "content": "y"}]
+    assert to_messages({"text": "plain"}) is None
+    with pytest.raises(ValueError, match="speaker"):
+        to_messages({"conversations": [{"from": "robot", "value": "z"}]})
+    with pytest.raises(ValueError, match="messages"):
+        to_messages({"prompt": "?"})
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _conversations(3)))
+    assert len(load_records(str(path))) == 3
+
+
+def _trainer(tmp_path: Path, model: MedusaForCausalLM, data, **overrides) -> MedusaTrainer:
+    args = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        max_steps=40,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10,
+        remove_unused_columns=False,
+    )
+    args.update(overrides)
+    return MedusaTrainer(
+        model=model,
+        args=TrainingArguments(**args),
+        train_dataset=data,
+        eval_dataset=data,
+        data_collator=MedusaCollator(0),
+    )
+
+
+@pytest.fixture
+def data():
+    import datasets
+
+    return tokenize_records(datasets.Dataset.from_list(_conversations(32)), tiny_tokenizer(), max_length=64)
+
+
+def test_heads_learn_and_loss_falls(tmp_path: Path, data) -> None:
+    base = tiny_model("llama", seed=0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False)).freeze_base()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    trainer = _trainer(tmp_path, model, data)
+    first = trainer.evaluate()
+    trainer.train()
+    last = trainer.evaluate()
+    assert last["eval_loss"] < 0.5 * first["eval_loss"]
+    assert last["eval_head0_top1"] > first["eval_head0_top1"]
+    assert last["eval_expected_tau"] > 1.5
+    assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())  # Medusa-1: base frozen
+
+
+def test_cached_hidden_states_give_the_live_loss(tmp_path: Path, data) -> None:
+    base = tiny_model("llama", seed=0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False)).freeze_base()
+    cached = cache_hidden_states(base, data, tmp_path / "cache", pad_token_id=0).remove_columns("input_ids")
+    collate = MedusaCollator(0)
+    live_batch, cached_batch = collate([data[i] for i in range(4)]), collate([cached[i] for i in range(4)])
+    trainer = _trainer(tmp_path, model, data)
+    live = trainer.compute_loss(model, live_batch)
+    from_cache = trainer.compute_loss(model, cached_batch)
+    torch.testing.assert_close(from_cache, live, rtol=2e-3, atol=2e-3)  # float16 storage
+    again = cache_hidden_states(base, data, tmp_path / "cache", pad_token_id=0)  # reloaded, not recomputed
+    assert again._fingerprint == cached._fingerprint or len(again) == len(cached)
+
+
+def test_medusa2_lora_trains_base_adapters_and_round_trips(tmp_path: Path, data) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_model("llama", seed=0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False)).freeze_base()
+    model.base = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )
+    assert model.base_trains
+    trainer = _trainer(tmp_path, model, data, max_steps=3)
+    trainer.train()
+    model.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "base_adapter" / "adapter_config.json").exists()
+    reloaded = MedusaForCausalLM.from_pretrained(tmp_path / "ckpt", base_model=tiny_model("llama", seed=0))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = model.base(ids).logits
+        got = reloaded.base(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # adapters merged into the base
+
+
+def test_recipe_end_to_end(tmp_path: Path) -> None:
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0).save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _conversations(24)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
+    try:
+        from train_medusa import main
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "heads"
+    main(
+        [
+            "--base", str(base_dir), "--data", str(data), "--num_heads", "2", "--share_lm_head", "false",
+            "--cache_hidden_states", "--eval_fraction", "0.25", "--output_dir", str(out), "--max_steps", "5",
+            "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+        ]
+    )  # fmt: skip
+    config = json.loads((out / "medusa_config.json").read_text())
+    assert config["num_heads"] == 2 and len(config["measured_top1"]) == 2 and config["tree"]
+    assert "expected_tau" in config["extra"]
+    model = MedusaForCausalLM.from_pretrained(out)
+    assert model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=5, medusa=True).shape == (1, 8)

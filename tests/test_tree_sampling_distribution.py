@@ -1,0 +1,468 @@
+"""Statistical tests that lossless tree sampling (Medusa, `do_sample=True`, `medusa_acceptance="exact"`) emits
+exactly the target's distribution.
+
+Two levels, both compared with exact distributions by chi-square goodness-of-fit tests (cells pooled as in
+`test_sampling_distribution.py`):
+
+1. `sample_accept_tree` alone, on a hand-made target over 6 tokens: a table of next-token distributions
+   `f(prefix)` for every prefix of up to 2 tokens, and a fixed tree
+
+       [[0], [1], [2], [0, 0], [0, 1], [1, 0]]     tokens: depth 1: 1, 2, 3; depth 2: 4, 5 under 1, 4 under 2
+
+   with `p[:, i] = f(tokens on the path to node i)`. One step emits the accepted path's tokens and one token
+   of its own; the test completes every row to 3 tokens by sampling the missing ones from `f` (what the
+   following steps of a lossless decoder would do, whatever they are). The 3 tokens must then follow
+   `f()(t1) f(t1)(t2) f(t1, t2)(t3)` exactly: the 1st token alone checks the rule at the root, the pairs and
+   triples check what is emitted after an accepted node (and that nothing leaks across branches). Cases: a
+   random target; candidates with probability 0 (never accepted); siblings of the top candidate carrying
+   most of the mass (the renormalisation after a rejection matters); a certain token at rank 1.
+2. End to end: `MedusaForCausalLM` on a tiny-vocabulary Llama with randomly perturbed heads (candidates
+   right at some steps and wrong at others), thousands of copies of one prompt in one batch, trees "chain"
+   and a branching one, plain and warped sampling: the first 5 generated tokens against the base's exact
+   distribution by enumeration (the 1st token comes from the prefill, tokens 2-5 from tree steps: accepted
+   candidates at every depth and rank, and tokens sampled from residuals).
+
+Significance level: a check fails when p < ALPHA = 1e-3. Every run uses a fixed generator seed, so the tests
+are deterministic; with ~50 positive checks in the file a correct implementation would fail one for ~5% of
+seeds, and these seeds pass. Negative controls (broken rules monkeypatched in, and the lossy typical
+acceptance) must be rejected at p < POWER_ALPHA = 1e-6, so the checks have power.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    PreTrainedModel,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_specdec.medusa.decoding as medusa_decoding
+from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.tree import DraftTree
+from hf_specdec.tree_acceptance import sample_accept_tree, typical_accept_tree
+
+ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
+POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread() -> Iterator[None]:
+    """One intra-op thread: tiny models are fastest single-threaded on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Goodness of fit
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness-of-fit p-value of `samples` `(n, d)` (token ids) against `probs` `(vocab,) * d`.
+
+    A sample in a cell of zero probability gives p = 0; with a single possible cell, p = 1 otherwise. Cells
+    with expected count < 5 are pooled, and the pool is merged into the smallest other cell when it is itself
+    below 5.
+    """
+    n, d = samples.shape
+    vocab = probs.shape[0]
+    codes = (samples.long() * vocab ** torch.arange(d - 1, -1, -1)).sum(dim=1).numpy()
+    observed = np.bincount(codes, minlength=vocab**d).astype(np.float64)
+    p = probs.reshape(-1).numpy().astype(np.float64)
+    impossible = p == 0
+    if observed[impossible].any():
+        return 0.0
+    if (~impossible).sum() == 1:
+        return 1.0  # a certain outcome, and every sample has it
+    expected = p / p.sum() * n
+    large = expected >= 5
+    obs, exp = list(observed[large]), list(expected[large])
+    small = ~large & ~impossible
+    if small.any():
+        pooled_obs, pooled_exp = observed[small].sum(), expected[small].sum()
+        if pooled_exp >= 5 or not exp:
+            obs.append(pooled_obs)
+            exp.append(pooled_exp)
+        else:
+            i = int(np.argmin(exp))
+            obs[i] += pooled_obs
+            exp[i] += pooled_exp
+    assert len(exp) >= 2, "too few cells for a chi-square test"
+    return float(chisquare(obs, exp).pvalue)
+
+
+def _marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
+    """Marginal of a joint over `joint.dim()` tokens, keeping the tokens in `columns`."""
+    keep = set(range(joint.dim())[columns])
+    others = tuple(d for d in range(joint.dim()) if d not in keep)
+    return joint.sum(dim=others) if others else joint
+
+
+def _pvalues(samples: torch.Tensor, joint: torch.Tensor, checks: tuple[tuple[str, slice], ...]) -> dict[str, float]:
+    return {name: _chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in checks}
+
+
+def _locate(node: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """The index in `tree.paths` of a path through each `node` `(B,)` (for the broken rules below)."""
+    return (tree.paths[:, tree.depths[node]] == node[None]).float().argmax(0)
+
+
+def _tree_rule(
+    node_tokens: torch.Tensor,
+    p: torch.Tensor,
+    tree: DraftTree,
+    generator: torch.Generator | None = None,
+    *,
+    test: bool = True,
+    remove_rejected: bool = True,
+    renormalise: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The multi-candidate rule, written out again with switches to break it (for the negative controls).
+
+    With every switch on it is the correct rule. `test=False`: the top candidate is accepted without the
+    p test. `remove_rejected=False`: a rejected candidate keeps its mass (the next sibling and the step's
+    token are drawn from p, not from the residual). `renormalise=False`: the rejected candidate is removed
+    but the residual is not renormalised before the next sibling's test.
+    """
+    batch = node_tokens.shape[0]
+    rows = torch.arange(batch)
+    current = torch.zeros(batch, dtype=torch.long)
+    searching = torch.ones(batch, dtype=torch.bool)
+    residual = p[:, 0].clone()
+    for _ in range(tree.depth):
+        moved = torch.zeros_like(searching)
+        for rank in range(tree.children.shape[1]):
+            child = tree.children[current, rank]
+            trying = searching & ~moved & (child >= 0)
+            token = node_tokens[rows, child.clamp_min(0)]
+            u = torch.rand(batch, dtype=p.dtype, generator=generator)
+            passed = u < residual[rows, token] if test else torch.full_like(trying, rank == 0)
+            accept = trying & passed
+            reject = trying & ~accept
+            if remove_rejected:
+                residual[rows[reject], token[reject]] = 0.0
+            if renormalise:
+                residual[reject] /= residual[reject].sum(dim=-1, keepdim=True).clamp_min(1e-30)
+            current = torch.where(accept, child, current)
+            moved |= accept
+            residual[accept] = p[rows[accept], child[accept]]
+        searching &= moved
+    next_token = torch.multinomial(residual, 1, generator=generator).squeeze(1)
+    return _locate(current, tree), tree.depths[current], next_token
+
+
+BROKEN_RULES = {
+    "accept_without_test": functools.partial(_tree_rule, test=False),
+    "keep_rejected_mass": functools.partial(_tree_rule, remove_rejected=False),
+    "no_renormalisation": functools.partial(_tree_rule, renormalise=False),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. `sample_accept_tree` on a hand-made target
+# ---------------------------------------------------------------------------------------------------------
+
+UNIT_VOCAB = 6
+UNIT_SAMPLES = 100_000
+UNIT_TREE = DraftTree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
+# Node tokens in the tree's (breadth-first) node order: the root, depth 1 by rank, then (0,0), (0,1), (1,0).
+# Siblings are distinct (a head's top-k), and (0,0) and (1,0) hold the same token (one head fills a depth).
+# Tokens 0 and 5 are never drafted at depth 1.
+UNIT_NODES = (0, 1, 2, 3, 4, 5, 4)
+UNIT_CHECKS = (("token 1", slice(0, 1)), ("tokens 1-2", slice(0, 2)), ("tokens 1-3", slice(0, 3)))
+UNIT_CASES = ("random", "zero_candidate", "siblings_carry_mass", "certain_rank_1")
+
+
+def _normalised(x: torch.Tensor) -> torch.Tensor:
+    return x / x.sum(dim=-1, keepdim=True)
+
+
+@functools.cache
+def _unit_target(case: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`f` as float32 tables `f0 (V,)`, `f1 (V, V)`, `f2 (V, V, V)`: the distribution after 0, 1, 2 tokens."""
+    rng = np.random.default_rng(UNIT_CASES.index(case))
+    f0, f1, f2 = (torch.from_numpy(rng.dirichlet(np.ones(UNIT_VOCAB), size=shape)) for shape in ((), (6,), (6, 6)))
+    if case == "zero_candidate":
+        f0[1] = 0.0  # the top candidate at depth 1 is impossible
+        f0[5] = 0.0  # and so is an undrafted token
+        f1[2, 4] = 0.0  # node (1, 0)'s token is impossible after its parent's
+    elif case == "siblings_carry_mass":
+        f0 = torch.tensor([0.03, 0.02, 0.50, 0.40, 0.03, 0.02], dtype=torch.float64)  # ranks 1, 2 hold 90%
+        f1[1] = torch.tensor([0.02, 0.02, 0.02, 0.02, 0.07, 0.85], dtype=torch.float64)  # (0,1) holds 85%
+        f1[2] = torch.tensor([0.05, 0.05, 0.05, 0.05, 0.75, 0.05], dtype=torch.float64)  # (1,0) holds 75%
+    elif case == "certain_rank_1":
+        f0 = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # rank 0 rejected, rank 1 certain
+    return tuple(_normalised(f).float() for f in (f0, f1, f2))
+
+
+def _unit_p(case: str, batch: int) -> torch.Tensor:
+    """`p (batch, nodes, V)`: `f` after each node's path of tokens."""
+    f0, f1, f2 = _unit_target(case)
+    rows = []
+    for node in range(UNIT_TREE.num_nodes):
+        depth, parent = int(UNIT_TREE.depths[node]), int(UNIT_TREE.parents[node])
+        rows.append([f0, f1[UNIT_NODES[node]], f2[UNIT_NODES[max(parent, 0)], UNIT_NODES[node]]][depth])
+    return torch.stack(rows)[None].expand(batch, -1, -1).clone()
+
+
+def _unit_joint(case: str) -> torch.Tensor:
+    f0, f1, f2 = (f.double() for f in _unit_target(case))
+    f0, f1, f2 = _normalised(f0), _normalised(f1), _normalised(f2)
+    return f0[:, None, None] * f1[:, :, None] * f2
+
+
+def _unit_samples(rule: Callable, case: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of `rule` on UNIT_SAMPLES rows, completed to 3 tokens by sampling from `f`.
+
+    Returns the tokens `(n, 3)` and how often each node was accepted `(nodes,)`.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    nodes = torch.tensor(UNIT_NODES)[None].expand(UNIT_SAMPLES, -1).contiguous()
+    path, num_accepted, next_token = rule(nodes, _unit_p(case, UNIT_SAMPLES), UNIT_TREE, generator=generator)
+    path_nodes = UNIT_TREE.paths[path]  # (n, D+1)
+    emitted = nodes.gather(1, path_nodes[:, 1:].clamp_min(0))  # (n, D): the path's tokens ...
+    emitted = torch.cat([emitted, torch.zeros_like(emitted[:, :1])], dim=1)
+    emitted.scatter_(1, num_accepted[:, None], next_token[:, None])  # ... then the step's own token
+    _, f1, f2 = _unit_target(case)
+    rows = torch.arange(UNIT_SAMPLES)
+    for column in (1, 2):
+        missing = rows[num_accepted + 1 <= column]  # this step emitted fewer tokens: the next step's draw
+        table = f1[emitted[missing, 0]] if column == 1 else f2[emitted[missing, 0], emitted[missing, 1]]
+        emitted[missing, column] = torch.multinomial(table, 1, generator=generator).squeeze(1)
+    accepted = path_nodes.gather(1, torch.arange(1, UNIT_TREE.depth + 1).expand(UNIT_SAMPLES, -1))
+    accepted = accepted[torch.arange(1, UNIT_TREE.depth + 1)[None] <= num_accepted[:, None]]
+    return emitted[:, :3], torch.bincount(accepted, minlength=UNIT_TREE.num_nodes)
+
+
+def _reach_probability(case: str) -> torch.Tensor:
+    """The probability that each node's tokens are the first tokens emitted (for a lossless rule, that the
+    node is accepted: siblings are distinct, so a rejected candidate is never emitted at its place)."""
+    joint = _unit_joint(case)
+    reach = torch.ones(UNIT_TREE.num_nodes, dtype=torch.float64)
+    for node in range(1, UNIT_TREE.num_nodes):
+        parent = int(UNIT_TREE.parents[node])
+        if parent == 0:
+            reach[node] = joint[UNIT_NODES[node]].sum()
+        else:
+            reach[node] = joint[UNIT_NODES[parent], UNIT_NODES[node]].sum()
+    return reach
+
+
+@pytest.mark.parametrize("case", UNIT_CASES)
+def test_sample_accept_tree_emits_the_target_distribution(case: str) -> None:
+    samples, accepted = _unit_samples(sample_accept_tree, case, seed=UNIT_CASES.index(case) + 10)
+    # Exactly the nodes the target can reach are accepted: never one of probability 0, and every depth
+    # and rank (with its share of the rows) in the random case.
+    reach = _reach_probability(case)
+    assert torch.equal(accepted[1:] > 0, reach[1:] > 0), (accepted, reach)
+    pvalues = _pvalues(samples, _unit_joint(case), UNIT_CHECKS)
+    assert min(pvalues.values()) >= ALPHA, pvalues
+    # How often each node is accepted is part of the joint already; checked on its own as a readable signal.
+    expected = reach[1:] * UNIT_SAMPLES
+    assert torch.allclose(accepted[1:].double(), expected, atol=5 * (expected.sqrt().max() + 1)), (accepted, expected)
+
+
+def test_the_reference_rule_passes_the_same_checks() -> None:
+    """The test's own rewrite of the rule, all switches on, passes: the broken ones below fail for the
+    switch they turn off, not for the rewrite."""
+    samples, _ = _unit_samples(_tree_rule, "siblings_carry_mass", seed=7)
+    pvalues = _pvalues(samples, _unit_joint("siblings_carry_mass"), UNIT_CHECKS)
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_RULES))
+def test_negative_control_broken_tree_rules_are_detected(broken: str) -> None:
+    samples, _ = _unit_samples(BROKEN_RULES[broken], "siblings_carry_mass", seed=7)
+    pvalues = _pvalues(samples, _unit_joint("siblings_carry_mass"), UNIT_CHECKS)
+    assert min(pvalues.values()) < POWER_ALPHA, pvalues
+
+
+def test_typical_acceptance_is_lossy_on_a_flat_target() -> None:
+    """The typical rule accepts the top candidate whenever the target gives it more than
+    min(0.09, 0.3 exp(-entropy)): here always, although the target gives it 15%."""
+    target = torch.tensor([0.3, 0.15, 0.15, 0.15, 0.15, 0.1])  # entropy 1.75: threshold 0.052
+    p = target.expand(UNIT_SAMPLES, UNIT_TREE.num_nodes, -1).clone()
+    nodes = torch.tensor(UNIT_NODES)[None].expand(UNIT_SAMPLES, -1)
+    path, num_accepted, _ = typical_accept_tree(nodes, p, UNIT_TREE, generator=torch.Generator().manual_seed(3))
+    first = nodes.gather(1, UNIT_TREE.paths[path][:, 1:2])  # every row accepts a depth-1 candidate
+    assert bool((num_accepted >= 1).all())
+    pvalue = _chisquare_pvalue(first, target.double())
+    assert pvalue < POWER_ALPHA, pvalue
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. End to end: MedusaForCausalLM.generate(medusa=True, do_sample=True)
+# ---------------------------------------------------------------------------------------------------------
+
+VOCAB = 8
+PAD = 0
+MAX_NEW = 5
+NUM_SAMPLES = 8000
+NUM_HEADS = 3
+PROMPT = (1, 5, 2, 7, 3)
+SHARPEN = 16.0  # scales the base's output layer: peakier distributions, so that candidates are often right
+HEAD_NOISE = 0.3  # relative size of the random perturbation of the heads' weights
+TREES = {"chain": [[0], [0, 0], [0, 0, 0]], "branching": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
+SAMPLING = {
+    "plain": {"temperature": 1.0, "top_k": None, "top_p": None},
+    # top_k keeps 6 of 8 tokens, top_p then trims the tail further at most positions
+    "warped": {"temperature": 0.7, "top_k": 6, "top_p": 0.9},
+}
+CHECKS = (
+    ("token 1", slice(0, 1)),
+    ("tokens 1-2", slice(0, 2)),
+    ("tokens 1-3", slice(0, 3)),
+    ("token 2", slice(1, 2)),
+    ("tokens 2-3", slice(1, 3)),
+    ("token 4", slice(3, 4)),
+    ("tokens 3-4", slice(2, 4)),
+    ("token 5", slice(4, 5)),
+    ("tokens 4-5", slice(3, 5)),
+)
+
+
+@functools.cache
+def _medusa() -> MedusaForCausalLM:
+    """A seeded tiny Llama (float32, no EOS) with 3 heads, perturbed so that candidates are right at some
+    steps and wrong at others (fresh heads would all predict the base's next token)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=None,  # no early stops: every row generates exactly MAX_NEW tokens
+        pad_token_id=PAD,
+        bos_token_id=None,
+    )
+    base = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        base.lm_head.weight.mul_(SHARPEN)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=NUM_HEADS, share_lm_head=False))
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            scale = HEAD_NOISE * parameter.abs().mean().clamp_min(0.05)
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    return model.eval()
+
+
+def _warpers(temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
+    """The warpers `generate(do_sample=True)` builds, in transformers' order (temperature, top-k, top-p)."""
+    processors = LogitsProcessorList()
+    if temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        processors.append(TopKLogitsWarper(top_k=top_k))
+    if top_p is not None and top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p=top_p))
+    return processors
+
+
+@functools.cache
+@torch.no_grad()
+def _target_joint(mode: str) -> torch.Tensor:
+    """The base's exact distribution over its next MAX_NEW tokens after PROMPT, by enumeration:
+    a float64 tensor `(VOCAB,) * MAX_NEW`."""
+    model: PreTrainedModel = _medusa().base
+    processors = _warpers(**SAMPLING[mode])
+    sequences = torch.tensor([PROMPT])  # (prefixes, length); prefix i spells i in base VOCAB
+    joint = torch.ones(1, dtype=torch.float64)
+    for _ in range(MAX_NEW):
+        logits = model(sequences).logits[:, -1].float()
+        probs = torch.softmax(processors(sequences, logits).double(), dim=-1)
+        joint = (joint[:, None] * probs).reshape(-1)
+        tokens = torch.arange(VOCAB).repeat(sequences.shape[0])[:, None]
+        sequences = torch.cat([sequences.repeat_interleave(VOCAB, dim=0), tokens], dim=1)
+    return joint.reshape((VOCAB,) * MAX_NEW)
+
+
+def _medusa_samples(tree: str, mode: str, seed: int, acceptance: str = "exact") -> tuple[torch.Tensor, dict]:
+    """MAX_NEW tokens for NUM_SAMPLES copies of PROMPT in one batch. Returns the generated tokens and
+    `{"summary": stats summary, "accepted": how often each tree node was accepted}`."""
+    model = _medusa()
+    draft_tree = DraftTree(TREES[tree])
+    accepted = torch.zeros(draft_tree.num_nodes, dtype=torch.long)
+    rule = medusa_decoding.sample_accept_tree  # the library's, or a broken one monkeypatched in
+
+    def counting_rule(nodes, p, tree_, generator=None):
+        path, num_accepted, next_token = rule(nodes, p, tree_, generator)
+        path_nodes = tree_.paths[path.cpu()][:, 1:]
+        depth = torch.arange(1, tree_.depth + 1)[None]
+        accepted.add_(torch.bincount(path_nodes[depth <= num_accepted.cpu()[:, None]], minlength=accepted.numel()))
+        return path, num_accepted, next_token
+
+    input_ids = torch.tensor([PROMPT] * NUM_SAMPLES)
+    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
+    medusa_decoding.sample_accept_tree = counting_rule
+    try:
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            medusa=True,
+            tree=draft_tree,
+            medusa_acceptance=acceptance,
+            do_sample=True,
+            max_new_tokens=MAX_NEW,
+            generator=torch.Generator().manual_seed(seed),
+            return_dict_in_generate=True,
+            **sampling,
+        )
+    finally:
+        medusa_decoding.sample_accept_tree = rule
+    assert out.sequences.shape == (NUM_SAMPLES, len(PROMPT) + MAX_NEW)
+    assert torch.equal(out.sequences[:, : len(PROMPT)], input_ids)
+    return out.sequences[:, len(PROMPT) :], {"summary": out.speculative.summary(), "accepted": accepted}
+
+
+@functools.cache
+def _cached_samples(tree: str, mode: str, seed: int) -> tuple[torch.Tensor, dict]:
+    return _medusa_samples(tree, mode, seed)
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+@pytest.mark.parametrize("mode", sorted(SAMPLING))
+def test_medusa_sampling_follows_the_target_distribution(tree: str, mode: str) -> None:
+    samples, info = _cached_samples(tree, mode, seed=2024)
+    # Both paths really run: candidates are accepted and rejected often, and every node of the tree (every
+    # depth, every rank) is accepted at some step.
+    rate = info["summary"]["acceptance_rate"]
+    assert 0.1 < rate < 0.95, info["summary"]
+    assert bool((info["accepted"][1:] > 0).all()), info["accepted"]
+    pvalues = _pvalues(samples, _target_joint(mode), CHECKS)
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_RULES))
+def test_negative_control_broken_rules_in_medusa_decoding_are_detected(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(medusa_decoding, "sample_accept_tree", BROKEN_RULES[broken])
+    samples, _ = _medusa_samples("branching", "plain", seed=2024)
+    pvalues = _pvalues(samples, _target_joint("plain"), CHECKS)
+    assert min(pvalues.values()) < POWER_ALPHA, pvalues
+
+
+def test_typical_acceptance_is_detectably_lossy() -> None:
+    """`medusa_acceptance="typical"` is documented as lossy; on this model it clearly is."""
+    samples, info = _medusa_samples("chain", "plain", seed=2024, acceptance="typical")
+    assert info["summary"]["acceptance_rate"] > 0.1, info["summary"]
+    pvalues = _pvalues(samples, _target_joint("plain"), CHECKS)
+    assert pvalues["token 1"] >= ALPHA, pvalues  # the 1st token comes from the prefill, not a tree step
+    assert min(pvalues.values()) < POWER_ALPHA, pvalues
