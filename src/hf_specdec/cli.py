@@ -1,8 +1,10 @@
-"""The `hf-specdec` command line: `demo` and `bench`."""
+"""The `hf-specdec` command line: `demo`, `bench` and `data`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 
@@ -22,14 +24,47 @@ def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
 
 
+def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
+    data = subparsers.add_parser("data", help="export ShareGPT V3 conversations (from its PyPI wheel) as JSONL")
+    data.add_argument("--n", type=int, default=1000, help="conversations to export")
+    data.add_argument("--max-prompt-chars", type=int, default=1000, help="skip conversations opening longer")
+    data.add_argument("--skip", type=int, default=0, help="skip this many conversations first")
+    data.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+
+
+def _export_data(args: argparse.Namespace) -> int:
+    from hf_specdec.bench.prompts import sharegpt_v3_conversations
+
+    written = 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as sink:
+        for record in sharegpt_v3_conversations()[args.skip :]:
+            turns = record.get("conversations") or []
+            if (
+                len(turns) < 2
+                or turns[0].get("from") != "human"
+                or len(turns[0].get("value", "")) > args.max_prompt_chars
+            ):
+                continue
+            sink.write(json.dumps({"id": record.get("id"), "conversations": turns[:2]}) + "\n")
+            written += 1
+            if written == args.n:
+                break
+    print(f"wrote {written} conversations to {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hf-specdec", description="Lossless speculative decoding for transformers.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_demo_parser(subparsers)
     add_bench_parser(subparsers)
+    _add_data_parser(subparsers)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "data":
+        return _export_data(args)
     identical = run_demo(
         args.target,
         args.draft,

@@ -24,6 +24,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmark decoding methods on real models and prompts")
     bench.add_argument("--target", default="qwen2.5-coder-1.5b", help="zoo name, local folder or Hub id")
     bench.add_argument("--draft", default="qwen2.5-coder-0.5b", help="zoo name, folder or Hub id; 'none' for no draft")
+    bench.add_argument("--medusa", default=None, help="folder or Hub id of Medusa heads for the target")
     bench.add_argument("--prompts", default="mt-bench,humaneval,gsm8k", help=f"comma-separated: {sorted(CATEGORIES)}")
     bench.add_argument("--n", type=int, default=12, help="number of prompts")
     bench.add_argument("--batch-size", type=int, default=1)
@@ -43,6 +44,11 @@ def run_bench(args: argparse.Namespace) -> int:
     target, tokenizer = load_model(args.target, dtype=dtype)
     target = speculative(target.to(args.device))
     draft = None if args.draft == "none" else load_model(args.draft, dtype=dtype)[0].to(args.device)
+    medusa = None
+    if args.medusa:
+        from hf_specdec.medusa import MedusaForCausalLM
+
+        medusa = MedusaForCausalLM.from_pretrained(args.medusa, base_model=target)
     prompts = load_prompts(args.prompts.split(","), args.n, seed=args.seed)
     result = run_benchmark(
         target,
@@ -54,10 +60,12 @@ def run_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         do_sample=args.do_sample,
         seed=args.seed,
+        medusa=medusa,
     )
     result.settings.update(
         target=args.target,
         draft=args.draft,
+        medusa=args.medusa,
         prompts=args.prompts,
         n=args.n,
         dtype=args.dtype,

@@ -15,15 +15,18 @@ class Method:
     Attributes:
         name: short name used in tables, JSON and plots.
         kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model.
-        uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation) or `"specdec"` (this library).
+        uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation), `"specdec"` (this library
+            with a draft model) or `"medusa"` (this library's Medusa heads).
     """
 
     name: str
     uses: str
     kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def skip_reason(self, batch_size: int, has_draft: bool) -> str | None:
+    def skip_reason(self, batch_size: int, has_draft: bool, has_medusa: bool = False) -> str | None:
         """Why this method cannot run in this setting, or `None` when it can."""
+        if self.uses == "medusa":
+            return None if has_medusa else "needs Medusa heads (--medusa)"
         if self.uses != "plain" and not has_draft:
             return "needs a draft model (--draft)"
         if self.uses == "hf-assistant" and batch_size > 1:
@@ -46,6 +49,8 @@ METHODS: dict[str, Method] = {
             {"assistant_model": "{draft}", "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic"},
         ),
         Method("specdec", "specdec", {"assistant": "{draft}"}),
+        Method("medusa", "medusa", {"medusa": True}),
+        Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
         Method(
             "specdec-k4",
             "specdec",

@@ -117,20 +117,23 @@ def _run_method(
     draft: PreTrainedModel | None,
     inputs: dict[str, torch.Tensor],
     generate_kwargs: dict[str, Any],
+    medusa: Any = None,
 ) -> tuple[torch.Tensor, float, Any, int | None]:
     kwargs = {**generate_kwargs, **method.generate_kwargs(draft)}
-    if method.uses == "specdec":
+    speculative = method.uses in ("specdec", "medusa")
+    if speculative:
         kwargs["return_dict_in_generate"] = True
+    model = medusa if method.uses == "medusa" else target
     if target.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target.device)
         torch.cuda.synchronize(target.device)
     start = time.perf_counter()
-    out = target.generate(**inputs, **kwargs)
+    out = model.generate(**inputs, **kwargs)
     if target.device.type == "cuda":
         torch.cuda.synchronize(target.device)
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(target.device) if target.device.type == "cuda" else None
-    if method.uses == "specdec":
+    if speculative:
         return out.sequences, seconds, out.speculative, peak
     return out, seconds, None, peak
 
@@ -145,10 +148,12 @@ def run_benchmark(
     max_new_tokens: int = 96,
     do_sample: bool = False,
     seed: int = 0,
+    medusa: Any = None,
 ) -> BenchmarkResult:
     """Run every method on every batch of prompts, in an order that rotates from batch to batch.
 
     The first method must be `plain`: the others are compared to its outputs (greedy) and its speed.
+    `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods.
     """
     if not methods or methods[0].uses != "plain":
         raise ValueError("The first method must be plain generate(): the others are measured against it.")
@@ -157,7 +162,7 @@ def run_benchmark(
     )
     runnable = []
     for method in methods:
-        reason = method.skip_reason(batch_size, draft is not None)
+        reason = method.skip_reason(batch_size, draft is not None, medusa is not None)
         if reason is None:
             runnable.append(method)
         else:
@@ -168,14 +173,14 @@ def run_benchmark(
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     warm = chat_inputs(tokenizer, [p.text for p in batches[0]])
     for method in runnable:  # warm-up: first calls pay for allocations and lazy initialisation
-        _run_method(method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4})
+        _run_method(method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4}, medusa)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
         outputs: dict[str, tuple] = {}
         for method in order:
             torch.manual_seed(seed + index)
-            outputs[method.name] = _run_method(method, target, draft, inputs, generate_kwargs)
+            outputs[method.name] = _run_method(method, target, draft, inputs, generate_kwargs, medusa)
         plain = outputs[runnable[0].name][0]
         for method in runnable:
             sequences, seconds, stats, peak = outputs[method.name]
