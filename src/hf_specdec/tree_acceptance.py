@@ -135,8 +135,5 @@ def _locate(node: torch.Tensor, tree: DraftTree) -> torch.Tensor:
     """The index of a path in `tree.paths` that passes through each `node` `(B,)`."""
     paths = tree.paths.to(node.device)  # (L, D+1)
     depth = tree.depths.to(node.device)[node]  # (B,)
-    return (
-        (paths[:, None, :].gather(2, depth[None, :, None].expand(paths.shape[0], -1, 1)).squeeze(2) == node)
-        .float()
-        .argmax(0)
-    )
+    at_depth = paths[:, depth]  # (L, B): every path's node at each row's depth
+    return (at_depth == node[None, :]).float().argmax(dim=0)
