@@ -292,15 +292,18 @@ def test_calibrate_run_of_a_constant_length_is_the_closed_form() -> None:
 def test_calibrate_bench_reads_results_json() -> None:
     sample = {"target_forwards": [2], "drafted_at_position": [2, 1], "accepted_at_position": [1, 0]}
     results = {
-        "summary": {"specdec": {"speedup_vs_plain": 1.1, "tau": 1.5}},
+        "summary": {"plain": {"seconds": 0.6, "tokens": 3}, "specdec": {"speedup_vs_plain": 1.1, "tau": 1.5}},
         "cost_curve_seconds": {"1": 0.1, "2": 0.1, "4": 0.12},
         "samples": [{"method": "plain"}, {"method": "specdec", "draft_seconds": 0.12, **sample}],
     }
-    report = calibrate_bench(results)
-    # c = 0.12 s / 3 drafted tokens / 0.1 s = 0.4; steps drafted 2 and 1 tokens: V(3) = 1.1, V(2) = 1
+    # steps drafted 2 and 1 tokens: V(3) = 1.1, V(2) = 1; the draft took 0.12 s / 3 drafted tokens = 0.04 s
+    verify = (1.1 + 1.0) / 2
+    report = calibrate_bench(results)  # unit: plain decoding's 0.2 s per token, so c = 0.2
     assert report.predicted_tau == 1.5
-    assert report.predicted_speedup == pytest.approx(1.5 / (3 / 2 * 0.4 + (1.1 + 1.0) / 2))
+    assert report.predicted_speedup == pytest.approx(1.5 / (3 / 2 * 0.2 + verify))
     assert report.measured_speedup == 1.1
+    report = calibrate_bench(results, unit="curve")  # unit: the curve's 0.1 s forward, so c = 0.4
+    assert report.predicted_speedup == pytest.approx(1.5 / (3 / 2 * 0.4 + verify))
 
 
 def test_spec_bench_medusa_implied_overhead() -> None:

@@ -1,4 +1,4 @@
-"""The `hf-specdec` command line: `demo`, `bench` and `data`."""
+"""The `hf-specdec` command line: `demo`, `bench`, `simulate` and `data`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from hf_specdec.bench.cli import add_bench_parser, run_bench
 from hf_specdec.demo import DEFAULT_PROMPTS, run_demo
+from hf_specdec.simulator.cli import add_simulate_parser, run_simulate
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_demo_parser(subparsers)
     add_bench_parser(subparsers)
     _add_data_parser(subparsers)
+    add_simulate_parser(subparsers)
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        return run_simulate(args)
     if args.command == "bench":
         return run_bench(args)
     if args.command == "data":

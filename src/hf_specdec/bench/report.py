@@ -25,7 +25,11 @@ def _by_category(samples: list[Sample]) -> dict[str, list[Sample]]:
 
 
 def summarize(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
-    """Per method: tokens/s, speedups, tau, acceptance by position, time split, identity, memory."""
+    """Per method: tokens/s, speedups, tau, acceptance by position, time split, identity, memory.
+
+    `acceptance_by_position[j]` is the share of steps in which the (j+1)-th drafted token was accepted (so
+    were all before it); its ratio to the previous entry is the acceptance rate conditional on reaching j.
+    """
     by_method: dict[str, list[Sample]] = defaultdict(list)
     for sample in result.samples:
         by_method[sample.method].append(sample)
@@ -146,7 +150,7 @@ def _plots(result: BenchmarkResult, summary: dict[str, dict[str, Any]], out_dir:
     left.set_xlabel("tokens per target forward (tau), per prompt")
     left.legend(fontsize=8)
     right.set_xlabel("draft position")
-    right.set_ylabel("acceptance rate")
+    right.set_ylabel("steps whose j-th draft was accepted")
     right.legend(fontsize=8)
     files.append(_save(fig, out_dir / "tau_and_acceptance.png"))
     if result.cost_curve:

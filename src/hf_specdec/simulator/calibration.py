@@ -150,13 +150,23 @@ def _sum_lists(lists: Sequence[Sequence[int]]) -> tuple[int, ...]:
 
 
 def calibrate_bench(
-    results: dict[str, Any], method: str = "specdec", cost_ratio: float | None = None
+    results: dict[str, Any], method: str = "specdec", cost_ratio: float | None = None, unit: str = "plain"
 ) -> CalibrationReport:
     """Calibrate against one method of an `hf-specdec bench` run (its `results.json`, loaded).
 
-    The run must have timed the cost curve (`--cost-curve`). The draft's cost ratio is the run's own,
-    draft seconds per drafted token over the one-token forward of the curve, unless `cost_ratio` is given.
+    The run must have timed the cost curve (`--cost-curve`); V(n) is its shape (normalised at n = 1).
+
+    Args:
+        results (`dict`): the loaded `results.json`.
+        method (`str`): the speculative method to check.
+        cost_ratio (`float`, *optional*): c; by default the run's own draft seconds per drafted token, over
+            the time unit.
+        unit (`str`): the time of "one target forward over one token": `"plain"`, plain decoding's time per
+            token in the same run (interleaved with the method, so it shares the machine's load), or
+            `"curve"`, the cost curve's one-token forward (timed separately, after the methods).
     """
+    if unit not in ("plain", "curve"):
+        raise ValueError(f"unit must be 'plain' or 'curve', got {unit!r}.")
     samples = [s for s in results.get("samples", []) if s["method"] == method]
     if not samples:
         raise ValueError(f"No samples of method {method!r} in these results; methods: {sorted(results['summary'])}.")
@@ -170,7 +180,9 @@ def calibrate_bench(
         accepted_at_position=_sum_lists([s["accepted_at_position"] for s in samples]),
     )
     if cost_ratio is None:
-        draft_forwards = sum(counts.drafted_at_position)
-        cost_ratio = sum(s["draft_seconds"] for s in samples) / max(draft_forwards, 1) / curve.times[0]
+        plain = results["summary"][results["samples"][0]["method"]]  # the baseline runs first
+        seconds = plain["seconds"] / plain["tokens"] if unit == "plain" else curve.times[0]
+        draft_seconds = sum(s["draft_seconds"] for s in samples) / max(sum(counts.drafted_at_position), 1)
+        cost_ratio = draft_seconds / seconds
     summary = results["summary"][method]
     return calibrate_run(counts, cost_ratio, curve, summary["speedup_vs_plain"], summary.get("tau"))

@@ -23,6 +23,7 @@ target forward over one token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Real
 
 from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.simulator.validation import (
@@ -48,7 +49,7 @@ def acceptance_by_position(alpha: AcceptanceRates, gamma: int) -> tuple[float, .
         `tuple[float, ...]` of length `gamma`.
     """
     gamma = check_draft_length(gamma)
-    if isinstance(alpha, int | float):
+    if isinstance(alpha, Real):
         return (check_probability("alpha", alpha),) * gamma
     rates = check_probabilities("alpha", alpha)
     if len(rates) < gamma:
@@ -70,7 +71,7 @@ def expected_tokens(alpha: AcceptanceRates, gamma: int) -> float:
     Returns:
         `float` in [1, gamma + 1].
     """
-    if isinstance(alpha, int | float):
+    if isinstance(alpha, Real):
         a = check_probability("alpha", alpha)
         gamma = check_draft_length(gamma)
         if a == 1.0:  # the geometric sum's limit: every draft is accepted
