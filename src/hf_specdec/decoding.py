@@ -103,7 +103,7 @@ def speculative_decode(
     drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator)
     drafter.prefill(input_ids, valid, positions)
     emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
-    _stream(streamer, first[:, None], emitted)
+    stream(streamer, first[:, None], emitted)
     drafter.start(first)
     rows = _Rows(next_position=positions[:, -1] + 2, last_token=first)
 
@@ -117,10 +117,22 @@ def speculative_decode(
             rows = _Rows(rows.next_position[keep], rows.last_token[keep])
         finished = _step(model, target, drafter, buffer, rows, processors, draft_length, stats, streamer, generator)
 
+    return finish(buffer, generation_config, stats, streamer, input_device)
+
+
+def finish(
+    buffer: TokenBuffer,
+    generation_config: GenerationConfig,
+    stats: SpeculativeStats,
+    streamer: BaseStreamer | None,
+    device: torch.device,
+) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
+    """End the streamer and return `generate()`'s result: the padded sequences on `device`, with the
+    speculative statistics when `return_dict_in_generate=True`."""
     if streamer is not None:
         streamer.end()
     pad = generation_config._pad_token_tensor
-    sequences = buffer.sequences(int(pad) if pad is not None else 0).to(input_device)
+    sequences = buffer.sequences(int(pad) if pad is not None else 0).to(device)
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(sequences=sequences, speculative=stats)
     return sequences
@@ -166,7 +178,7 @@ def _step(
     new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
     new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
     emitted, finished = buffer.commit(new_tokens, num_accepted + 1, scores)
-    _stream(streamer, new_tokens, emitted)
+    stream(streamer, new_tokens, emitted)
     target.keep_prefix(k + 1, num_accepted + 1)
     drafter.commit(num_accepted, k, next_token)
     target.maybe_compact()
@@ -183,7 +195,8 @@ def _step(
     return finished
 
 
-def _stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+def stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+    """Send row 0's committed tokens of this step to the streamer (streamers take batch size 1)."""
     if streamer is not None:
         streamer.put(tokens[0, : int(emitted[0])].cpu())
 

@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.decoding import choose_token, prompt_positions, synchronize
+from hf_specdec.decoding import choose_token, finish, prompt_positions, stream, synchronize
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.medusa.heads import MedusaHeads
@@ -104,7 +104,7 @@ def medusa_decode(
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     hidden = out.hidden_states[-1][:, -1:]  # (B, 1, H) the state the heads read
     emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
-    _stream(streamer, last_token[:, None], emitted)
+    stream(streamer, last_token[:, None], emitted)
     next_position = positions[:, -1] + 2  # (A,) position of the first drafted node
     lm_head = model.get_output_embeddings()
     structure = tree.ancestors.to(device)
@@ -143,7 +143,7 @@ def medusa_decode(
         new_tokens = torch.cat([new_tokens, next_token[:, None]], dim=1)  # (A, D+1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, None)
-        _stream(streamer, new_tokens, emitted)
+        stream(streamer, new_tokens, emitted)
         target.keep_nodes(tree.num_nodes, path_nodes, num_accepted + 1)
         target.maybe_compact()
         last_node = path_nodes.gather(1, num_accepted[:, None])  # (A, 1)
@@ -157,18 +157,7 @@ def medusa_decode(
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted
 
-    if streamer is not None:
-        streamer.end()
-    pad = generation_config._pad_token_tensor
-    sequences = buffer.sequences(int(pad) if pad is not None else 0).to(input_device)
-    if generation_config.return_dict_in_generate:
-        return SpeculativeDecoderOnlyOutput(sequences=sequences, speculative=stats)
-    return sequences
+    return finish(buffer, generation_config, stats, streamer, input_device)
 
 
 _IGNORED = {"cache", "use_cache", "position_ids", "logits_to_keep"}
-
-
-def _stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
-    if streamer is not None:
-        streamer.put(tokens[0, : int(emitted[0])].cpu())
