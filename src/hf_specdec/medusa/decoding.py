@@ -31,7 +31,8 @@ def tree_candidates(head_logits: torch.Tensor, last_token: torch.Tensor, tree: D
     rank-r candidate.
 
     Args:
-        head_logits (`torch.Tensor` of shape `(heads, batch, vocab)`): the heads' logits at the last position.
+        head_logits (`torch.Tensor` of shape `(depth, batch, vocab)`): the logits of the first `tree.depth`
+            heads at the last position (deeper heads are not needed).
         last_token (`torch.LongTensor` of shape `(batch,)`): the root.
         tree (`DraftTree`): the tree.
 
@@ -118,7 +119,8 @@ def medusa_decode(
             next_position, last_token, hidden = next_position[keep], last_token[keep], hidden[keep]
         started = time.perf_counter()
         # Draft: the heads' top candidates fill the tree.
-        head_logits = heads(hidden, lm_head)[:, :, -1].float()  # (K, A, V)
+        last = hidden[:, -1]  # (A, H)
+        head_logits = torch.stack([heads.head(k, last, lm_head) for k in range(tree.depth)]).float()  # (D, A, V)
         nodes = tree_candidates(head_logits, last_token, tree)  # (A, N)
         synchronize(device)
         drafted = time.perf_counter()
