@@ -19,7 +19,7 @@ def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser("demo", help="plain generate() and generate(assistant=...) side by side")
     demo.add_argument("--target", default="qwen2.5-coder-1.5b", help="zoo name, local folder or Hub id")
     demo.add_argument("--draft", default="qwen2.5-coder-0.5b", help="zoo name, local folder or Hub id")
-    demo.add_argument("--prompt", action="append", help="a prompt (repeat for a batch); default: two built-in")
+    demo.add_argument("--prompt", action="append", help="a prompt (repeat for a batch); default: one built-in")
     demo.add_argument("--max-new-tokens", type=int, default=96)
     demo.add_argument("--num-assistant-tokens", type=int, default=None, help="tokens drafted per step (at most)")
     demo.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")

@@ -11,10 +11,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 import hf_specdec
 from hf_specdec.zoo import load_model
 
-DEFAULT_PROMPTS = [
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
-    "Explain what a hash map is and when to use one, in a short paragraph.",
-]
+# One prompt: batch size 1, the latency case. Pass several --prompt for a batch.
+DEFAULT_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number, with a docstring."]
 
 
 @dataclass
@@ -88,6 +86,27 @@ def run_demo(
         f"\nspeedup {plain.seconds / fast.seconds:.2f}x, "
         f"{summary['tau']:.2f} tokens per target forward (accepted drafts + 1), "
         f"{summary['acceptance_rate']:.0%} of drafted tokens accepted, "
-        f"identical tokens: {'yes' if identical else 'NO'}"
+        f"identical tokens: {'yes' if identical else 'no'}"
     )
+    if not identical:
+        _explain_divergences(target, plain, fast, inputs, tokenizer)
     return identical
+
+
+def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict, tokenizer) -> None:
+    """Say where the outputs part and whether it is a numerical tie (expected in bf16) or a real difference."""
+    from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
+
+    eos = target.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    lengths = row_lengths(plain.sequences, inputs["input_ids"].shape[1], eos)
+    _, divergences = compare_to_plain(target, plain.sequences, fast.sequences, inputs, lengths)
+    for d in divergences:
+        gap = d["gap"]
+        kind = "a numerical tie" if gap is not None and abs(gap) <= BF16_TIE_GAP else "NOT a tie: please report it"
+        gap_text = "n/a" if gap is None else f"{gap:.3f}"
+        print(
+            f"row {d['row']}: first difference at generated token {d['position']}, the target's logit gap "
+            f"between the two tokens is {gap_text}, {kind}. In bf16 a forward over several tokens rounds "
+            "differently from one over a single token; in float32 (--dtype float32) the outputs are identical."
+        )

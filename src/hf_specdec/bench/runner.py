@@ -63,7 +63,7 @@ class BenchmarkResult:
         return summarize(self)
 
 
-def _row_lengths(sequences: torch.Tensor, prompt_length: int, eos: list[int]) -> list[int]:
+def row_lengths(sequences: torch.Tensor, prompt_length: int, eos: list[int]) -> list[int]:
     """New tokens per row: up to and including the first EOS, else all of them."""
     generated = sequences[:, prompt_length:]
     lengths = []
@@ -83,13 +83,15 @@ def _logit_gap(model: PreTrainedModel, reference: torch.Tensor, mask: torch.Tens
     return float(logits[reference[position]] - logits[other])
 
 
-def _compare(
+def compare_to_plain(
     model: PreTrainedModel,
     plain: torch.Tensor,
     out: torch.Tensor,
     inputs: dict[str, torch.Tensor],
     lengths: list[int],
 ) -> tuple[list[bool], list[dict[str, Any]]]:
+    """Per row, whether `out` equals plain greedy's tokens; for each row that does not, the first differing
+    position and the target's logit gap there (plain's token minus the other; a bf16 tie when small)."""
     prompt_length = inputs["input_ids"].shape[1]
     matches, divergences = [], []
     for row, length in enumerate(lengths):
@@ -184,7 +186,7 @@ def run_benchmark(
         plain = outputs[runnable[0].name][0]
         for method in runnable:
             sequences, seconds, stats, peak = outputs[method.name]
-            lengths = _row_lengths(sequences, inputs["input_ids"].shape[1], eos)
+            lengths = row_lengths(sequences, inputs["input_ids"].shape[1], eos)
             forwards = list(lengths) if method.uses == "plain" else []  # plain: one forward per token
             sample = Sample(method.name, index, [p.category for p in batch], seconds, lengths, forwards)
             sample.peak_memory_bytes = peak
@@ -195,6 +197,6 @@ def run_benchmark(
                 sample.accepted_at_position = stats.accepted_at_position.tolist()
                 sample.draft_seconds, sample.verify_seconds = stats.draft_seconds, stats.verify_seconds
             if not do_sample and method is not runnable[0]:
-                sample.matches_plain, sample.divergences = _compare(target, plain, sequences, inputs, lengths)
+                sample.matches_plain, sample.divergences = compare_to_plain(target, plain, sequences, inputs, lengths)
             result.samples.append(sample)
     return result
