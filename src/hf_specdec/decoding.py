@@ -188,7 +188,7 @@ def _step(
     synchronize(device)
     verified = time.perf_counter()
     policy.update(k, num_accepted)
-    policy.observe_costs(drafted - started, k, verified - drafted)
+    policy.observe_costs(drafted - started, k, verified - drafted, rows=verify_ids.shape[0])
     stats.record_step(buffer.active, k, num_accepted, emitted)
     stats.draft_seconds += drafted - started
     stats.verify_seconds += verified - drafted

@@ -6,11 +6,15 @@ Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_sche
 - `"heuristic"`: transformers' assisted-generation schedule, for a whole batch: grow by 2 after a step
   in which every row accepted everything, shrink by 1 otherwise.
 - `"adaptive"` (this library's default): draft up to `num_assistant_tokens`, but stop as soon as the
-  next draft forward is expected to cost more than it brings. A draft forward costs `c` target
-  forwards (measured while decoding, the draft's parameter share as the first guess). Drafting one more
-  token gains, per row, the probability that all drafts so far *and* the next one are accepted, which
-  the draft's own confidence estimates (its top probability at each position, multiplied along the
-  chain). Drafting goes on while that expected gain, averaged over the batch's rows, exceeds `c`.
+  next draft forward is expected to cost more than it brings. Drafting one more token gains, per row,
+  the probability that all drafts so far *and* the next one are accepted, which the draft's own
+  confidence estimates (its top probability at each position, multiplied along the chain). It costs a
+  draft forward, `c` target forwards, plus one more token per row to verify, `v` target forwards each
+  (a verification forward's time grows with rows x tokens once the hardware is busy). A target forward
+  is worth one token per row in plain decoding, so drafting goes on while the expected gain, averaged
+  over the rows, exceeds `c + v * rows`. Both costs are measured while decoding: verification time is
+  fitted as a line in the number of verified tokens, and a draft forward's time is taken relative to the
+  fitted time of a one-token-per-row target forward (the draft's parameter share is the first guess of `c`).
 
 Independently, `assistant_confidence_threshold` stops drafting once the draft's top probability falls
 below the threshold in every row (transformers' rule).
@@ -49,6 +53,8 @@ class DraftLengthPolicy:
     max_tokens: int = 16
     _current: int = field(init=False, repr=False)
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
+    _verify: _VerifyCost = field(init=False, repr=False)
+    _per_token_cost: float = field(init=False, repr=False, default=0.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1:
@@ -63,6 +69,7 @@ class DraftLengthPolicy:
             raise ValueError(f"The draft's cost ratio must be non-negative, got {self.cost_ratio!r}.")
         self.max_tokens = max(self.max_tokens, self.num_tokens)
         self._current = self.num_tokens
+        self._verify = _VerifyCost()
 
     @property
     def current(self) -> int:
@@ -88,7 +95,7 @@ class DraftLengthPolicy:
         survival = confidence if self._survival is None else self._survival * confidence  # (B,) P(all accepted)
         self._survival = survival
         expected_gain = float((survival * confidence).mean())  # of one more draft, in tokens per row
-        return expected_gain < self.cost_ratio
+        return expected_gain < self.cost_ratio + self._per_token_cost * confidence.numel()
 
     def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
         """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
@@ -98,9 +105,51 @@ class DraftLengthPolicy:
             else:
                 self._current = max(self._current - 1, 1)
 
-    def observe_costs(self, draft_seconds: float, num_draft_forwards: int, verify_seconds: float) -> None:
-        """Refine the draft/target cost ratio from one step's timings (a running average)."""
+    def observe_costs(
+        self, draft_seconds: float, num_draft_forwards: int, verify_seconds: float, rows: int = 1
+    ) -> None:
+        """Refine the cost estimates from one step's timings: `num_draft_forwards` draft forwards took
+        `draft_seconds`, verifying `num_draft_forwards + 1` tokens for each of `rows` rows `verify_seconds`."""
         if num_draft_forwards == 0 or verify_seconds <= 0:
             return
-        ratio = draft_seconds / num_draft_forwards / verify_seconds
+        self._verify.add(rows * (num_draft_forwards + 1), verify_seconds)
+        one_token, per_token = self._verify.predict(rows), self._verify.slope
+        if one_token is None:  # too few different verify sizes yet: compare with the whole verification
+            one_token, per_token = verify_seconds, 0.0
+        ratio = draft_seconds / num_draft_forwards / one_token
         self.cost_ratio = (1 - _COST_SMOOTHING) * self.cost_ratio + _COST_SMOOTHING * ratio
+        self._per_token_cost = per_token / one_token
+
+
+class _VerifyCost:
+    """Verification time as a line in the number of verified tokens, fitted by exponentially weighted
+    least squares (recent steps count more: the machine's load drifts)."""
+
+    _DECAY = 0.9
+
+    def __init__(self) -> None:
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        d = self._DECAY
+        self._w = d * self._w + 1.0
+        self._x = d * self._x + tokens
+        self._y = d * self._y + seconds
+        self._xx = d * self._xx + tokens * tokens
+        self._xy = d * self._xy + tokens * seconds
+
+    @property
+    def slope(self) -> float:
+        variance = self._xx / self._w - (self._x / self._w) ** 2
+        if variance <= 1e-9:
+            return 0.0
+        covariance = self._xy / self._w - (self._x / self._w) * (self._y / self._w)
+        return max(covariance / variance, 0.0)
+
+    def predict(self, tokens: int) -> float | None:
+        """Fitted seconds for `tokens` verified tokens, or `None` before two different sizes were seen."""
+        if self._w == 0.0 or self._xx / self._w - (self._x / self._w) ** 2 <= 1e-9:
+            return None
+        mean_x, mean_y = self._x / self._w, self._y / self._w
+        fitted = mean_y + self.slope * (tokens - mean_x)
+        return fitted if fitted > 0 else None
