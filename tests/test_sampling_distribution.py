@@ -22,10 +22,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -39,6 +37,7 @@ from transformers import (
 import hf_specdec
 import hf_specdec.decoding
 from hf_specdec.acceptance import residual_distribution, speculative_sampling
+from tests.goodness_of_fit import chisquare_pvalue
 
 VOCAB = 8
 PAD = 0
@@ -199,38 +198,8 @@ def _cached_samples(
     return _speculative_samples(prompts, num_assistant_tokens, mode, seed)
 
 
-def _chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
-    """Chi-square goodness-of-fit p-value of `samples` `(n, d)` (token ids) against `probs` `(VOCAB,) * d`.
-
-    A sample in a cell of zero probability gives p = 0. Cells with expected count < 5 are pooled, and the
-    pool is merged into the smallest other cell when it is itself below 5.
-    """
-    n, d = samples.shape
-    codes = (samples * VOCAB ** torch.arange(d - 1, -1, -1)).sum(dim=1).numpy()
-    observed = np.bincount(codes, minlength=VOCAB**d).astype(np.float64)
-    p = probs.reshape(-1).numpy().astype(np.float64)
-    impossible = p == 0
-    if observed[impossible].any():
-        return 0.0
-    expected = p / p.sum() * n
-    large = expected >= 5
-    obs, exp = list(observed[large]), list(expected[large])
-    small = ~large & ~impossible
-    if small.any():
-        pooled_obs, pooled_exp = observed[small].sum(), expected[small].sum()
-        if pooled_exp >= 5 or not exp:
-            obs.append(pooled_obs)
-            exp.append(pooled_exp)
-        else:
-            i = int(np.argmin(exp))
-            obs[i] += pooled_obs
-            exp[i] += pooled_exp
-    assert len(exp) >= 2, "too few cells for a chi-square test"
-    return float(chisquare(obs, exp).pvalue)
-
-
 def _pvalues(samples: torch.Tensor, joint: torch.Tensor) -> dict[str, float]:
-    return {name: _chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in CHECKS}
+    return {name: chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in CHECKS}
 
 
 def _check_acceptance(stats: hf_specdec.SpeculativeStats, num_assistant_tokens: int) -> None:
@@ -287,7 +256,7 @@ def test_negative_control_draft_distribution_is_rejected() -> None:
     target_first = _marginal(_target_joint(PROMPT_A, "plain"), slice(0, 1))  # (V,)
     draft_pair = _marginal(_draft_joint(PROMPT_A, "plain"), slice(0, 2))  # (V, V)
     draft_next = draft_pair / draft_pair.sum(dim=1, keepdim=True)  # q(t2 | t1)
-    pvalue = _chisquare_pvalue(samples[:, :2], target_first[:, None] * draft_next)
+    pvalue = chisquare_pvalue(samples[:, :2], target_first[:, None] * draft_next)
     assert pvalue < POWER_ALPHA, pvalue
 
 

@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -51,6 +50,7 @@ import hf_specdec.medusa.decoding as medusa_decoding
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import sample_accept_tree, typical_accept_tree
+from tests.goodness_of_fit import chisquare_pvalue
 
 ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
 POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
@@ -70,40 +70,6 @@ def _single_thread() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
-    """Chi-square goodness-of-fit p-value of `samples` `(n, d)` (token ids) against `probs` `(vocab,) * d`.
-
-    A sample in a cell of zero probability gives p = 0; with a single possible cell, p = 1 otherwise. Cells
-    with expected count < 5 are pooled, and the pool is merged into the smallest other cell when it is itself
-    below 5.
-    """
-    n, d = samples.shape
-    vocab = probs.shape[0]
-    codes = (samples.long() * vocab ** torch.arange(d - 1, -1, -1)).sum(dim=1).numpy()
-    observed = np.bincount(codes, minlength=vocab**d).astype(np.float64)
-    p = probs.reshape(-1).numpy().astype(np.float64)
-    impossible = p == 0
-    if observed[impossible].any():
-        return 0.0
-    if (~impossible).sum() == 1:
-        return 1.0  # a certain outcome, and every sample has it
-    expected = p / p.sum() * n
-    large = expected >= 5
-    obs, exp = list(observed[large]), list(expected[large])
-    small = ~large & ~impossible
-    if small.any():
-        pooled_obs, pooled_exp = observed[small].sum(), expected[small].sum()
-        if pooled_exp >= 5 or not exp:
-            obs.append(pooled_obs)
-            exp.append(pooled_exp)
-        else:
-            i = int(np.argmin(exp))
-            obs[i] += pooled_obs
-            exp[i] += pooled_exp
-    assert len(exp) >= 2, "too few cells for a chi-square test"
-    return float(chisquare(obs, exp).pvalue)
-
-
 def _marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
     """Marginal of a joint over `joint.dim()` tokens, keeping the tokens in `columns`."""
     keep = set(range(joint.dim())[columns])
@@ -112,7 +78,7 @@ def _marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
 
 
 def _pvalues(samples: torch.Tensor, joint: torch.Tensor, checks: tuple[tuple[str, slice], ...]) -> dict[str, float]:
-    return {name: _chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in checks}
+    return {name: chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in checks}
 
 
 def _locate(node: torch.Tensor, tree: DraftTree) -> torch.Tensor:
@@ -302,7 +268,7 @@ def test_typical_acceptance_is_lossy_on_a_flat_target() -> None:
     path, num_accepted, _ = typical_accept_tree(nodes, p, UNIT_TREE, generator=torch.Generator().manual_seed(3))
     first = nodes.gather(1, UNIT_TREE.paths[path][:, 1:2])  # every row accepts a depth-1 candidate
     assert bool((num_accepted >= 1).all())
-    pvalue = _chisquare_pvalue(first, target.double())
+    pvalue = chisquare_pvalue(first, target.double())
     assert pvalue < POWER_ALPHA, pvalue
 
 
