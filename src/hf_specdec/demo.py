@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,7 +45,7 @@ def _count_new(sequences: torch.Tensor, prompt_length: int, pad_token_id: int | 
     return int((new != pad_token_id).sum()) if pad_token_id is not None else new.numel()
 
 
-def timed_generate(model: PreTrainedModel, inputs: dict, pad: int | None, **kwargs) -> Run:
+def timed_generate(model: PreTrainedModel, inputs: dict, pad: int | None, **kwargs: Any) -> Run:
     start = time.perf_counter()
     out = model.generate(**inputs, return_dict_in_generate=True, **kwargs)
     seconds = time.perf_counter() - start
@@ -89,11 +90,11 @@ def run_demo(
         f"identical tokens: {'yes' if identical else 'no'}"
     )
     if not identical:
-        _explain_divergences(target, plain, fast, inputs, tokenizer)
+        _explain_divergences(target, plain, fast, inputs)
     return identical
 
 
-def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict, tokenizer) -> None:
+def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict) -> None:
     """Say where the outputs part and whether it is a numerical tie (expected in bf16) or a real difference."""
     from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
 

@@ -16,6 +16,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.masks import to_additive, visibility
 
@@ -83,7 +84,9 @@ class CachedSequence:
     def num_slots(self) -> int:
         return self.valid.shape[1]
 
-    def _mask(self, new_valid: torch.Tensor, new_positions: torch.Tensor, structure: torch.Tensor):
+    def _mask(
+        self, new_valid: torch.Tensor, new_positions: torch.Tensor, structure: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
         dtype = self.model.dtype
         key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
         full = visibility(self.valid, new_valid, structure)  # (B, q, P+q)
@@ -102,7 +105,7 @@ class CachedSequence:
         structure: torch.Tensor,
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
-    ):
+    ) -> CausalLMOutputWithPast:
         """Run the model on new tokens, appending them to the cache.
 
         Args:

@@ -33,7 +33,7 @@ class MedusaTrainer(Trainer):
 
     def __init__(
         self, *args: Any, head_decay: float = 0.8, distill_weight: float = 1.0, tree_nodes: int = 16, **kwargs: Any
-    ):
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.head_decay = head_decay
         self.distill_weight = distill_weight
@@ -68,7 +68,9 @@ class MedusaTrainer(Trainer):
         )
         return out.hidden_states[-1], self.distill_weight * kl
 
-    def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, **kwargs: Any):
+    def compute_loss(
+        self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, **kwargs: Any
+    ) -> None:
         hidden, base_loss = self._hidden_states(inputs)
         medusa = self.medusa
         weights = head_weights(medusa.config.num_heads, self.head_decay)
