@@ -122,3 +122,19 @@ def test_errors() -> None:
         _generate(model, ids, mask, tree="small")
     with pytest.raises(ValueError, match="num_heads"):
         MedusaConfig(num_heads=0)
+
+
+@pytest.mark.parametrize(
+    "processing", [{"repetition_penalty": 1.5}, {"min_new_tokens": 12, "eos_token_id": 5}, {"no_repeat_ngram_size": 2}]
+)
+def test_prefix_reading_processors_see_each_paths_prefix(processing: dict) -> None:
+    """Processors that read the generated prefix are applied path by path: identity with plain greedy
+    holds with heads that are right (long accepted paths) and a branching tree."""
+    base = tiny_model("llama", seed=0, sharpen=4.0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, share_lm_head=False))
+    ids, mask = ragged_batch(3, seed=11)
+    _fit_heads(model, _generate(base, ids, mask), steps=80)
+    kwargs = dict(pad_token_id=0, **processing)
+    out = _generate(model, ids, mask, medusa=True, tree="medium", return_dict_in_generate=True, **kwargs)
+    assert torch.equal(out.sequences, _generate(base, ids, mask, **kwargs))
+    assert out.speculative.summary()["tau"] > 1.3

@@ -47,6 +47,29 @@ def tree_candidates(head_logits: torch.Tensor, last_token: torch.Tensor, tree: D
     return torch.cat([last_token[:, None], drafted], dim=1)
 
 
+def tree_scores(
+    processors: RaggedLogitsProcessor,
+    buffer: TokenBuffer,
+    nodes: torch.Tensor,
+    logits: torch.Tensor,
+    tree: DraftTree,
+) -> torch.Tensor:
+    """Processed scores `(batch, nodes, vocab)` after every tree node, each with its own prefix.
+
+    A node's prefix is the row's committed tokens and the drafted tokens on its path. Processors that only
+    read the scores run once over all nodes; the others run path by path, with the path's tokens written
+    after the committed ones (a node shared by several paths gets the same scores from each).
+    """
+    if processors.prefix_free:
+        return processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)
+    scores = torch.empty_like(logits)
+    for path in tree.paths.tolist():
+        on_path = torch.tensor([n for n in path if n >= 0], device=logits.device)  # root first
+        buffer.write(0, nodes[:, on_path[1:]])  # uncommitted: the prefix of the path's later nodes
+        scores[:, on_path] = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits[:, on_path])
+    return scores
+
+
 @torch.no_grad()
 def medusa_decode(
     model: PreTrainedModel,
@@ -88,12 +111,6 @@ def medusa_decode(
     input_ids = input_ids.to(device)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     processors = RaggedLogitsProcessor(logits_processor)
-    if not processors.prefix_free:
-        raise ValueError(
-            "With medusa=True, logits processors that read the generated prefix (repetition penalty, minimum "
-            "length, n-gram bans, custom processors) are not supported yet; temperature, top-k, top-p and min-p "
-            "are. Drop them, or decode with plain `generate()`."
-        )
     buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=tree.depth + 1)
     stats = SpeculativeStats.zeros(input_ids.shape[0])
 
@@ -128,7 +145,7 @@ def medusa_decode(
         node_positions = (next_position[:, None] - 1 + tree.depths.to(device)[None]).clamp_max(buffer.max_length - 1)
         every = torch.ones_like(nodes, dtype=torch.bool)
         out = target.forward(nodes, every, node_positions, structure, output_hidden_states=True)
-        scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, out.logits.float())  # (A, N, V)
+        scores = tree_scores(processors, buffer, nodes, out.logits.float(), tree)  # (A, N, V)
         # Accept: the longest right path.
         if not do_sample:
             path, num_accepted, next_token = greedy_accept_tree(nodes, scores, tree)
