@@ -24,7 +24,7 @@ def _generate(target, draft, **kwargs):
     ("kwargs", "message"),
     [
         ({"num_beams": 2}, "Beam search"),
-        ({"output_scores": True, "return_dict_in_generate": True}, "not available with `assistant=`"),
+        ({"output_attentions": True, "return_dict_in_generate": True}, "not available with `assistant=`"),
         ({"num_assistant_tokens": 0}, "positive integer"),
         ({"num_assistant_tokens_schedule": "sometimes"}, "not supported"),
         ({"assistant_confidence_threshold": 1.5}, r"\[0, 1\)"),

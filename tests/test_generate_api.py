@@ -186,3 +186,31 @@ def test_inputs_embeds_are_refused() -> None:
         assert "input_ids" in str(error)
     else:
         raise AssertionError("inputs_embeds must be refused")
+
+
+def test_output_scores_and_logits_match_plain_decoding() -> None:
+    target, draft = _pair()
+    ids, mask = ragged_batch(3, seed=6)
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
+        repetition_penalty=1.3,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
+    plain = target.generate(**kwargs)
+    spec = target.generate(**kwargs, assistant=draft)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert len(spec.scores) == len(plain.scores) == len(spec.logits)
+    compared = 0
+    for ours, theirs, our_logits, their_logits in zip(
+        spec.scores, plain.scores, spec.logits, plain.logits, strict=True
+    ):
+        running = our_logits.abs().sum(dim=-1) > 0  # rows that had not finished: zeros after a row's end
+        torch.testing.assert_close(ours[running], theirs[running], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(our_logits[running], their_logits[running], rtol=1e-4, atol=1e-4)
+        compared += int(running.sum())
+    assert compared >= 12

@@ -20,7 +20,7 @@ from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
-from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.processing import RaggedLogitsProcessor
 from hf_specdec.sequences import TokenBuffer
 
@@ -92,6 +92,9 @@ def speculative_decode(
     # Scratch after max_length: the k drafts of a step plus the token the target adds.
     buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=draft_length.max_tokens + 1)
     stats = SpeculativeStats.zeros(input_ids.shape[0])
+    recorder = ScoreRecorder(
+        input_ids.shape[0], bool(generation_config.output_scores), bool(generation_config.output_logits)
+    )
 
     # Prefill both models on the prompts; the target's last logits give the first token.
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
@@ -103,6 +106,7 @@ def speculative_decode(
     drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator)
     drafter.prefill(input_ids, valid, positions)
     emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
+    recorder.record(buffer.active, emitted, scores, logits)
     stream(streamer, first[:, None], emitted)
     drafter.start(first)
     rows = _Rows(next_position=positions[:, -1] + 2, last_token=first)
@@ -115,9 +119,11 @@ def speculative_decode(
             target.select_rows(keep)
             drafter.select_rows(keep)
             rows = _Rows(rows.next_position[keep], rows.last_token[keep])
-        finished = _step(model, target, drafter, buffer, rows, processors, draft_length, stats, streamer, generator)
+        finished = _step(
+            model, target, drafter, buffer, rows, processors, draft_length, stats, streamer, generator, recorder
+        )
 
-    return finish(buffer, generation_config, stats, streamer, input_device)
+    return finish(buffer, generation_config, stats, streamer, input_device, recorder)
 
 
 def finish(
@@ -126,6 +132,7 @@ def finish(
     stats: SpeculativeStats,
     streamer: BaseStreamer | None,
     device: torch.device,
+    recorder: ScoreRecorder | None = None,
 ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
     """End the streamer and return `generate()`'s result: the padded sequences on `device`, with the
     speculative statistics when `return_dict_in_generate=True`."""
@@ -134,7 +141,9 @@ def finish(
     pad = generation_config._pad_token_tensor
     sequences = buffer.sequences(int(pad) if pad is not None else 0).to(device)
     if generation_config.return_dict_in_generate:
-        return SpeculativeDecoderOnlyOutput(sequences=sequences, speculative=stats)
+        scores = recorder.scores() if recorder is not None else None
+        logits = recorder.logits() if recorder is not None else None
+        return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculative=stats)
     return sequences
 
 
@@ -149,6 +158,7 @@ def _step(
     stats: SpeculativeStats,
     streamer: BaseStreamer | None,
     generator: torch.Generator | None,
+    recorder: ScoreRecorder,
 ) -> torch.Tensor:
     """One speculative step for every active row; updates `rows` in place and returns which rows finished."""
     device = model.device
@@ -178,6 +188,7 @@ def _step(
     new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
     new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
     emitted, finished = buffer.commit(new_tokens, num_accepted + 1, scores)
+    recorder.record(buffer.active, emitted, scores, logits)
     stream(streamer, new_tokens, emitted)
     target.keep_prefix(k + 1, num_accepted + 1)
     drafter.commit(num_accepted, k, next_token)

@@ -97,7 +97,7 @@ class SpeculativeGenerationMixin:
         processors, streamer, ...)."""
         config = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         rest = config.update(**kwargs)
-        check_generation_config(config)
+        check_generation_config(config, per_token_scores=True)
         return config, rest
 
 

@@ -91,3 +91,36 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     """
 
     speculative: SpeculativeStats | None = None
+
+
+class ScoreRecorder:
+    """Collects, per row, the target's scores for every committed token, for `output_scores` (processed)
+    and `output_logits` (raw), and assembles them as `generate()` returns them: a tuple with one
+    `(batch, vocab)` tensor per generated position. Positions after a row's last token hold zeros (plain
+    decoding would have scored the padding there)."""
+
+    def __init__(self, batch_size: int, scores: bool, logits: bool) -> None:
+        self.keep_scores, self.keep_logits = scores, logits
+        self._scores: list[list[torch.Tensor]] = [[] for _ in range(batch_size)]
+        self._logits: list[list[torch.Tensor]] = [[] for _ in range(batch_size)]
+
+    def record(self, rows: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> None:
+        """Row `rows[i]` committed `counts[i]` tokens, chosen from `scores[i, :counts[i]]` `(active, n, vocab)`."""
+        for i, (row, count) in enumerate(zip(rows.tolist(), counts.tolist(), strict=True)):
+            if self.keep_scores:
+                self._scores[row].extend(scores[i, :count].unbind(0))
+            if self.keep_logits:
+                self._logits[row].extend(logits[i, :count].unbind(0))
+
+    @staticmethod
+    def _assemble(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        length = max(len(r) for r in per_row)
+        reference = next(t for r in per_row for t in r)
+        zeros = torch.zeros_like(reference)
+        return tuple(torch.stack([r[t] if t < len(r) else zeros for r in per_row]) for t in range(length))
+
+    def scores(self) -> tuple[torch.Tensor, ...] | None:
+        return self._assemble(self._scores) if self.keep_scores else None
+
+    def logits(self) -> tuple[torch.Tensor, ...] | None:
+        return self._assemble(self._logits) if self.keep_logits else None

@@ -78,8 +78,11 @@ _OTHER_STRATEGIES = (
 )
 
 
-def check_generation_config(config: GenerationConfig) -> None:
-    """Raise `ValueError` for generation settings speculative decoding does not support."""
+def check_generation_config(config: GenerationConfig, per_token_scores: bool = False) -> None:
+    """Raise `ValueError` for generation settings speculative decoding does not support.
+
+    `per_token_scores`: whether the decoding path can return `output_scores` / `output_logits`.
+    """
     for name in _OTHER_STRATEGIES:
         value = getattr(config, name, None)
         if value not in (None, False, 0):
@@ -109,7 +112,7 @@ def check_generation_config(config: GenerationConfig) -> None:
     unsupported = [
         name
         for name in ("output_attentions", "output_hidden_states", "output_scores", "output_logits")
-        if getattr(config, name, False)
+        if getattr(config, name, False) and not (per_token_scores and name in ("output_scores", "output_logits"))
     ]
     if unsupported:
         raise ValueError(
