@@ -83,7 +83,7 @@ def speculative_decode(
         `SpeculativeDecoderOnlyOutput` when `return_dict_in_generate=True`.
     """
     attention_mask = model_kwargs.pop("attention_mask", None)
-    _reject_model_kwargs(model_kwargs)
+    reject_model_kwargs(model_kwargs)
     input_device, device = input_ids.device, model.device
     input_ids = input_ids.to(device)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
@@ -215,11 +215,12 @@ def stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.T
 _IGNORED_KWARGS = {"cache", "use_cache", "position_ids", "logits_to_keep"}
 
 
-def _reject_model_kwargs(model_kwargs: dict[str, Any]) -> None:
-    """Model inputs other than token ids and a padding mask cannot be carried through drafting."""
+def reject_model_kwargs(model_kwargs: dict[str, Any]) -> None:
+    """Model inputs other than token ids and a padding mask cannot be carried through speculative steps
+    (the cache and positions `generate()` prepared are replaced by ours)."""
     unsupported = sorted(k for k, v in model_kwargs.items() if k not in _IGNORED_KWARGS and v is not None)
     if unsupported:
         raise ValueError(
             f"Speculative decoding takes `input_ids` and `attention_mask` only; got {unsupported}. "
-            "Run plain `generate()` (without `assistant=`) for these inputs."
+            "Run plain `generate()` (without `assistant=` or `medusa=True`) for these inputs."
         )

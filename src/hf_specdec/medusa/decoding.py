@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.decoding import choose_token, finish, prompt_positions, stream, synchronize
+from hf_specdec.decoding import choose_token, finish, prompt_positions, reject_model_kwargs, stream, synchronize
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.medusa.heads import MedusaHeads
@@ -103,9 +103,7 @@ def medusa_decode(
         `torch.LongTensor` `(batch, prompt + new)`, or a `SpeculativeDecoderOnlyOutput`.
     """
     attention_mask = model_kwargs.pop("attention_mask", None)
-    unsupported = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _IGNORED)
-    if unsupported:
-        raise ValueError(f"Medusa decoding takes `input_ids` and `attention_mask` only; got {unsupported}.")
+    reject_model_kwargs(model_kwargs)
     do_sample = bool(generation_config.do_sample)
     input_device, device = input_ids.device, model.device
     input_ids = input_ids.to(device)
@@ -177,6 +175,3 @@ def medusa_decode(
         stats.verify_seconds += verified - drafted
 
     return finish(buffer, generation_config, stats, streamer, input_device)
-
-
-_IGNORED = {"cache", "use_cache", "position_ids", "logits_to_keep"}
