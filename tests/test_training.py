@@ -174,10 +174,13 @@ def test_recipe_end_to_end(tmp_path: Path) -> None:
             "--base", str(base_dir), "--data", str(data), "--num_heads", "2", "--share_lm_head", "false",
             "--cache_hidden_states", "--eval_fraction", "0.25", "--output_dir", str(out), "--max_steps", "5",
             "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+            "--head_vocab_size", "40",
         ]
     )  # fmt: skip
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["num_heads"] == 2 and len(config["measured_top1"]) == 2 and config["tree"]
     assert "expected_tau" in config["extra"]
+    assert config["head_vocab_size"] == 40 and 0.0 < config["extra"]["head_vocab_coverage"] <= 1.0
     model = MedusaForCausalLM.from_pretrained(out)
+    assert model.heads.token_ids.numel() == 40 and 3 in model.heads.token_ids.tolist()  # EOS always kept
     assert model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=5, medusa=True).shape == (1, 8)

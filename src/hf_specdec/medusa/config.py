@@ -21,6 +21,8 @@ class MedusaConfig:
             vocabularies) instead of a projection per head, initialised from the base's.
         hidden_size (`int`, *optional*): the base's hidden size; filled in from the base when `None`.
         vocab_size (`int`, *optional*): the base's number of logits; filled in from the base when `None`.
+        head_vocab_size (`int`, *optional*): when set, the heads propose only this many tokens, the most
+            frequent in their training data (their ids are stored with the weights); `None`: every token.
         base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from.
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
             the preset `"medium"` cut to the number of heads.
@@ -32,6 +34,7 @@ class MedusaConfig:
     share_lm_head: bool = True
     hidden_size: int | None = None
     vocab_size: int | None = None
+    head_vocab_size: int | None = None
     base_model_name_or_path: str | None = None
     tree: list[list[int]] | None = None
     measured_top1: list[float] | None = None
@@ -42,6 +45,8 @@ class MedusaConfig:
             raise ValueError(f"num_heads must be a positive integer, got {self.num_heads!r}.")
         if not isinstance(self.num_layers, int) or self.num_layers < 0:
             raise ValueError(f"num_layers must be a non-negative integer, got {self.num_layers!r}.")
+        if self.head_vocab_size is not None and (not isinstance(self.head_vocab_size, int) or self.head_vocab_size < 1):
+            raise ValueError(f"head_vocab_size must be a positive integer or None, got {self.head_vocab_size!r}.")
         if self.tree is not None and max(len(path) for path in self.tree) > self.num_heads:
             raise ValueError(f"The tree is deeper than the {self.num_heads} heads can fill: cut it or add heads.")
 

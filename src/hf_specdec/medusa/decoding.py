@@ -26,13 +26,17 @@ from hf_specdec.tree_acceptance import greedy_accept_tree, sample_accept_tree, t
 ACCEPTANCE = ("exact", "typical")
 
 
-def tree_candidates(head_logits: torch.Tensor, last_token: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+def tree_candidates(
+    head_logits: torch.Tensor, last_token: torch.Tensor, tree: DraftTree, token_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """The token of every tree node: the root is `last_token`, a node at depth d and rank r holds head d-1's
     rank-r candidate.
 
     Args:
         head_logits (`torch.Tensor` of shape `(depth, batch, vocab)`): the logits of the first `tree.depth`
             heads at the last position (deeper heads are not needed).
+        token_ids (`torch.LongTensor`, *optional*): the token id of each logit when the heads have a draft
+            vocabulary; the logits' positions are the ids when `None`.
         last_token (`torch.LongTensor` of shape `(batch,)`): the root.
         tree (`DraftTree`): the tree.
 
@@ -41,6 +45,8 @@ def tree_candidates(head_logits: torch.Tensor, last_token: torch.Tensor, tree: D
     """
     top_k = max(tree.top_k_per_depth())
     candidates = head_logits[: tree.depth].topk(top_k, dim=-1).indices  # (D, B, top_k)
+    if token_ids is not None:
+        candidates = token_ids[candidates]
     depths = tree.depths[1:].to(last_token.device) - 1  # (N-1,)
     ranks = tree.ranks[1:].to(last_token.device)
     drafted = candidates[depths, :, ranks].T  # (B, N-1)
@@ -136,7 +142,7 @@ def medusa_decode(
         # Draft: the heads' top candidates fill the tree.
         last = hidden[:, -1]  # (A, H)
         head_logits = torch.stack([heads.head(k, last, lm_head) for k in range(tree.depth)]).float()  # (D, A, V)
-        nodes = tree_candidates(head_logits, last_token, tree)  # (A, N)
+        nodes = tree_candidates(head_logits, last_token, tree, heads.token_ids)  # (A, N)
         synchronize(device)
         drafted = time.perf_counter()
         # Verify: one forward over the whole tree under its ancestor mask.

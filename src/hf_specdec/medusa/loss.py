@@ -89,19 +89,27 @@ def medusa_loss_from_hidden(
         labels (`torch.LongTensor` of shape `(batch, seq)`).
         weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
 
+    Labels outside the heads' draft vocabulary (if they have one) add no loss but count as misses in metrics.
+
     Returns:
-        `(loss, per_head, outputs)`: as `medusa_loss`, plus each head's `(logits (M, vocab), targets (M,))` at
-        its labelled positions, for metrics.
+        `(loss, per_head, outputs)`: as `medusa_loss`, plus each head's `(logits (M, head_vocab), targets (M,))`
+        at its labelled positions, for metrics; targets are positions in the heads' logits, -1 for labels they
+        cannot propose.
     """
     weights = head_weights(heads.num_heads) if weights is None else weights
     per_head, outputs = [], []
     for k in range(heads.num_heads):
         target = head_labels(labels, k)  # (B, T)
         keep = target != IGNORE_INDEX
-        logits = heads.head(k, hidden[keep], lm_head)  # (M, V)
-        loss = functional.cross_entropy(logits.float(), target[keep]) if keep.any() else logits.sum() * 0.0
+        logits = heads.head(k, hidden[keep], lm_head)  # (M, V) over the heads' vocabulary
+        index = heads.to_head_index(target[keep])  # (M,) -1 where the label is outside the heads' vocabulary
+        learnable = index >= 0
+        if learnable.any():
+            loss = functional.cross_entropy(logits[learnable].float(), index[learnable])
+        else:
+            loss = logits.sum() * 0.0
         per_head.append(loss)
-        outputs.append((logits.detach(), target[keep]))
+        outputs.append((logits.detach(), index))
     per_head_tensor = torch.stack(per_head)
     return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor, outputs
 

@@ -33,9 +33,17 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         base (`PreTrainedModel`): the base model.
         config (`MedusaConfig`): the heads' configuration (sizes are checked against the base).
         heads (`MedusaHeads`, *optional*): existing heads; fresh ones are built when `None`.
+        token_ids (`torch.LongTensor`, *optional*): the fresh heads' draft vocabulary (see `hf_specdec.vocab`);
+            sets `config.head_vocab_size`. Loading fills it from the checkpoint.
     """
 
-    def __init__(self, base: PreTrainedModel, config: MedusaConfig, heads: MedusaHeads | None = None) -> None:
+    def __init__(
+        self,
+        base: PreTrainedModel,
+        config: MedusaConfig,
+        heads: MedusaHeads | None = None,
+        token_ids: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         hidden = base.config.get_text_config(decoder=True).hidden_size
         vocab = output_vocab_size(base)
@@ -50,8 +58,14 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
         self.base = base
         self.config = config
+        if token_ids is not None:
+            config.head_vocab_size = len(token_ids)
+        elif config.head_vocab_size is not None and heads is None:
+            if config.head_vocab_size > vocab:
+                raise ValueError(f"head_vocab_size {config.head_vocab_size} exceeds the base's {vocab} logits.")
+            token_ids = torch.arange(config.head_vocab_size)  # a placeholder: the checkpoint holds the real ids
         if heads is None:
-            heads = MedusaHeads(config.num_heads, config.num_layers, hidden, vocab, config.share_lm_head)
+            heads = MedusaHeads(config.num_heads, config.num_layers, hidden, vocab, config.share_lm_head, token_ids)
             heads.init_projections_from(base.get_output_embeddings())
             heads.to(device=base.device, dtype=base.dtype)
         self.heads = heads
@@ -59,9 +73,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     # Construction, saving and loading ---------------------------------------------------------------------
 
     @classmethod
-    def from_base(cls, base: PreTrainedModel, config: MedusaConfig | None = None) -> MedusaForCausalLM:
-        """Fresh heads on `base` (which is not modified)."""
-        return cls(base, config or MedusaConfig())
+    def from_base(
+        cls, base: PreTrainedModel, config: MedusaConfig | None = None, token_ids: torch.Tensor | None = None
+    ) -> MedusaForCausalLM:
+        """Fresh heads on `base` (which is not modified), proposing only `token_ids` if given (a draft
+        vocabulary, e.g. `hf_specdec.vocab.frequent_tokens` of the training data)."""
+        return cls(base, config or MedusaConfig(), token_ids=token_ids)
 
     def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
         """Write the config (JSON), the heads' weights only (safetensors) and a model card."""
@@ -212,9 +229,11 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         )
         result = {"head_logits": head_logits}
         if labels is not None:
-            from hf_specdec.medusa.loss import medusa_loss
+            from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
 
-            result["loss"] = medusa_loss(head_logits, labels)[0]
+            targets = self.heads.to_head_index(labels)  # tokens outside the heads' vocabulary cannot be learnt
+            targets[targets < 0] = IGNORE_INDEX
+            result["loss"] = medusa_loss(head_logits, targets)[0]
         return result
 
 
@@ -238,7 +257,7 @@ def _model_card(config: MedusaConfig) -> str:
         f"# Medusa heads for {config.base_model_name_or_path or 'a causal LM'}",
         "",
         f"- heads: {config.num_heads}, residual blocks per head: {config.num_layers}, "
-        f"shared lm_head: {config.share_lm_head}",
+        f"shared lm_head: {config.share_lm_head}, draft vocabulary: {config.head_vocab_size or 'every token'}",
         f"- tree: {config.tree if config.tree is not None else 'preset medium'}",
     ]
     if config.measured_top1:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import TrainingArguments
+from transformers import PreTrainedModel, TrainingArguments
 
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.training.collator import MedusaCollator
@@ -16,6 +16,8 @@ from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
 from hf_specdec.training.self_distill import self_distill
 from hf_specdec.training.trainer import MedusaTrainer
+from hf_specdec.validation import output_vocab_size
+from hf_specdec.vocab import count_tokens, frequent_tokens
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,6 +34,13 @@ class MedusaTrainingConfig:
     num_heads: int = field(default=4, metadata={"help": "Medusa heads."})
     num_layers: int = field(default=1, metadata={"help": "Residual blocks per head."})
     share_lm_head: bool = field(default=True, metadata={"help": "Heads project with the base's lm_head."})
+    head_vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Heads propose only this many tokens, the most frequent in the training labels (much cheaper "
+            "heads on large vocabularies, still lossless); default: every token."
+        },
+    )
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
     max_examples: int | None = field(default=None, metadata={"help": "Use only this many records."})
     eval_fraction: float = field(default=0.05, metadata={"help": "Share of examples held out for evaluation."})
@@ -88,7 +97,12 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         share_lm_head=config.share_lm_head,
         base_model_name_or_path=config.base,
     )
-    model = MedusaForCausalLM.from_base(base, medusa_config).freeze_base()
+    token_ids = None
+    if config.head_vocab_size is not None:
+        train = split["train"] if split else tokenized
+        token_ids, coverage = _draft_vocabulary(train["labels"], base, config.head_vocab_size)
+        medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
+    model = MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids).freeze_base()
     if config.lora:
         from peft import LoraConfig, get_peft_model
 
@@ -123,3 +137,12 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     if training_args.push_to_hub:
         model.push_to_hub(training_args.hub_model_id or output_dir.name)
     return model
+
+
+def _draft_vocabulary(labels: list[list[int]], base: PreTrainedModel, size: int) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent label tokens (end-of-sequence ids always in), and the share of labels they hold."""
+    counts = count_tokens(labels, output_vocab_size(base))
+    eos = base.generation_config.eos_token_id
+    always = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    token_ids = frequent_tokens(counts, size, always)
+    return token_ids, float(counts[token_ids].sum() / counts.sum().clamp_min(1))

@@ -1,0 +1,73 @@
+"""Draft vocabularies: the token ids a drafter may propose, chosen by how often text uses them.
+
+A drafter's output projection over a large vocabulary is a big share of its cost (Qwen2.5: 151,936 rows,
+28% of the 0.5B draft's weights; a Medusa head sharing a 1.5B base's lm_head costs 15% of the base per
+head). Text uses few of those tokens: restricting what a drafter may *propose* to the most frequent ones
+cuts that cost several-fold. It is lossless, since the target verifies every token with its full
+vocabulary and emits what it would have emitted; a token outside the subset can only not be guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+
+def count_tokens(sequences: Iterable[Sequence[int] | torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """How often every token id in `0..vocab_size-1` occurs in `sequences` (negative ids, i.e. ignored
+    labels, are skipped), as a `(vocab_size,)` int64 tensor."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for sequence in sequences:
+        ids = torch.as_tensor(sequence, dtype=torch.long).flatten()
+        ids = ids[ids >= 0]
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise ValueError(f"Token id {int(ids.max())} is outside the vocabulary of {vocab_size} ids.")
+        counts += torch.bincount(ids, minlength=vocab_size)
+    return counts
+
+
+def frequent_tokens(counts: torch.Tensor, size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The `size` most frequent token ids (ties broken by the lower id), always including `always` (e.g. the
+    end-of-sequence ids), sorted ascending.
+
+    Args:
+        counts (`torch.Tensor` of shape `(vocab,)`): occurrences per id, e.g. from [`count_tokens`].
+        size (`int`): how many ids to keep; at most the vocabulary size.
+        always: ids kept whatever their count (they count towards `size`).
+
+    Returns:
+        `torch.LongTensor` of shape `(size,)`.
+    """
+    vocab = counts.numel()
+    always = sorted({int(i) for i in always})
+    if not 0 < size <= vocab:
+        raise ValueError(f"A draft vocabulary needs between 1 and {vocab} ids, got {size}.")
+    if len(always) > size or any(not 0 <= i < vocab for i in always):
+        raise ValueError(f"The ids to keep {always} do not fit a draft vocabulary of {size} of {vocab} ids.")
+    score = counts.double().clone()
+    score[always] = float("inf")
+    # Stable sort on descending counts: among equal counts the lower id (earlier BPE merge) comes first.
+    order = torch.sort(-score, stable=True).indices
+    return order[:size].sort().values
+
+
+def vocab_index(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The map from a full vocabulary to a draft vocabulary: `(vocab_size,)`, the position of every id in
+    `token_ids`, or -1 for ids outside it."""
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=token_ids.device)
+    index[token_ids] = torch.arange(token_ids.numel(), device=token_ids.device)
+    return index
+
+
+def check_token_ids(token_ids: torch.Tensor, vocab_size: int, what: str = "draft vocabulary") -> torch.Tensor:
+    """Validate a draft vocabulary (1-D, unique ids within the vocabulary) and return it as sorted int64."""
+    token_ids = torch.as_tensor(token_ids)
+    if token_ids.dim() != 1 or token_ids.numel() == 0 or token_ids.is_floating_point():
+        raise ValueError(f"A {what} is a non-empty 1-D list of token ids, got shape {tuple(token_ids.shape)}.")
+    token_ids = token_ids.long().sort().values
+    if int(token_ids[0]) < 0 or int(token_ids[-1]) >= vocab_size:
+        raise ValueError(f"The {what} holds ids outside the model's {vocab_size} logits.")
+    if bool((token_ids[1:] == token_ids[:-1]).any()):
+        raise ValueError(f"The {what} holds repeated token ids.")
+    return token_ids
