@@ -65,7 +65,7 @@ def test_labels_outside_the_draft_vocabulary_add_no_loss_and_count_as_misses() -
     heads = MedusaHeads(1, 1, base.config.hidden_size, VOCAB, True, token_ids=torch.tensor([5, 6]))
     hidden = torch.randn(1, 4, base.config.hidden_size)
     labels = torch.tensor([[1, 2, 5, 9]])  # head 0 sees labels 5 (learnable) and 9 (outside)
-    loss, per_head, outputs = medusa_loss_from_hidden(heads, base.get_output_embeddings(), hidden, labels)
+    _, per_head, outputs = medusa_loss_from_hidden(heads, base.get_output_embeddings(), hidden, labels)
     logits, targets = outputs[0]
     assert targets.tolist() == [0, -1]
     expected = torch.nn.functional.cross_entropy(logits[:1].float(), targets[:1])
