@@ -33,6 +33,8 @@ def _generate(target, draft, **kwargs):
         ({"prompt_lookup_num_tokens": 3}, "another decoding strategy"),
         ({"use_cache": False}, "use_cache=False"),
         ({"cache_implementation": "static"}, "cache_implementation"),
+        ({"assistant_vocab": [1, 500]}, "outside the model's"),
+        ({"assistant_vocab": [4, 4]}, "repeated"),
     ],
 )
 def test_unsupported_settings(pair, kwargs: dict, message: str) -> None:
@@ -108,3 +110,9 @@ def test_models_without_position_ids_are_refused() -> None:
     bloom = hf_specdec.speculative(BloomForCausalLM(BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=2)))
     with pytest.raises(ValueError, match="position_ids"):
         bloom.eval().generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=3, assistant=bloom)
+
+
+def test_assistant_vocab_without_an_assistant(pair) -> None:
+    target, _ = pair
+    with pytest.raises(ValueError, match="pass a draft model too"):
+        target.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=2, assistant_vocab=[1, 2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec.vocab import count_tokens, frequent_tokens
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
 
 ARCHS = sorted(BUILDERS)
@@ -159,3 +160,30 @@ def test_user_length_and_eos_criteria_are_honoured() -> None:
     plain = target.generate(**kwargs)
     assert plain.shape[1] == ids.shape[1] + 5
     assert torch.equal(target.generate(**kwargs, assistant=draft), plain)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_draft_vocabulary_keeps_plain_greedy(arch: str, batch: int) -> None:
+    """The draft (the target itself, so only the vocabulary makes it miss) proposes only the 80% of the
+    output's distinct tokens it uses most, through its decoder and those lm_head rows: outputs unchanged,
+    most drafts accepted, but not all (some output tokens are outside the vocabulary)."""
+    target = tiny_target(arch)
+    draft = target
+    ids, mask = ragged_batch(batch, seed=batch)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    counts = count_tokens(plain[:, ids.shape[1] :], plain.max().item() + 1)
+    vocab = frequent_tokens(counts, int(0.8 * (counts > 0).sum()))
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        assistant=draft,
+        assistant_vocab=vocab,
+        num_assistant_tokens=4,
+        num_assistant_tokens_schedule="constant",
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    assert 0.3 < out.speculative.summary()["acceptance_rate"] < 1.0

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -163,7 +164,12 @@ def _draft_joint(prompt: tuple[int, ...], mode: str) -> torch.Tensor:
 
 
 def _speculative_samples(
-    prompts: tuple[tuple[int, ...], ...], num_assistant_tokens: int, mode: str, seed: int, schedule: str = "constant"
+    prompts: tuple[tuple[int, ...], ...],
+    num_assistant_tokens: int,
+    mode: str,
+    seed: int,
+    schedule: str = "constant",
+    **extra: Any,
 ) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
     """Generate MAX_NEW tokens for NUM_SAMPLES copies of each prompt in one left-padded batch, rows of the
     prompts interleaved. Returns the generated tokens `(NUM_SAMPLES, MAX_NEW)` of each prompt and the stats."""
@@ -184,6 +190,7 @@ def _speculative_samples(
         generator=torch.Generator().manual_seed(seed),
         return_dict_in_generate=True,
         **sampling,
+        **extra,
     )
     assert out.sequences.shape == (len(rows), width + MAX_NEW)
     assert torch.equal(out.sequences[:, :width], input_ids)
@@ -246,6 +253,17 @@ def test_left_padded_ragged_batch_rows_follow_their_own_distribution(mode: str, 
     # The two prompts' distributions differ enough that rows following the other prompt would be caught.
     swapped = _pvalues(samples_b, _target_joint(PROMPT_A, mode))
     assert min(swapped.values()) < POWER_ALPHA, swapped
+
+
+@pytest.mark.parametrize("mode", ["plain", "warped"])
+def test_a_draft_vocabulary_keeps_the_target_distribution(mode: str) -> None:
+    """A draft that may propose only every other token (q is zero on the rest): the tokens it cannot propose
+    come from the residual, and the output still follows the target's distribution."""
+    vocab = torch.arange(0, VOCAB, 2)
+    (samples,), stats = _speculative_samples((PROMPT_A,), 3, mode, seed=777, assistant_vocab=vocab)
+    assert 0.05 < stats.summary()["acceptance_rate"] < 0.95
+    pvalues = _pvalues(samples, _target_joint(PROMPT_A, mode))
+    assert min(pvalues.values()) >= ALPHA, pvalues
 
 
 def test_negative_control_draft_distribution_is_rejected() -> None:

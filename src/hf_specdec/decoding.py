@@ -61,6 +61,7 @@ def speculative_decode(
     *,
     assistant: PreTrainedModel,
     draft_length: DraftLengthPolicy,
+    assistant_vocab: torch.Tensor | None = None,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
@@ -73,6 +74,7 @@ def speculative_decode(
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
         assistant (`PreTrainedModel`): the draft model.
         draft_length (`DraftLengthPolicy`): how many tokens to draft per step.
+        assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
         streamer (`BaseStreamer`, *optional*): receives each step's committed tokens (batch size 1).
         generator (`torch.Generator`, *optional*): randomness for sampling, for reproducible runs.
         model_kwargs: `attention_mask` `(batch, prompt)`, 0 on left padding (`None` when there is none);
@@ -103,7 +105,7 @@ def speculative_decode(
     logits = target.forward(input_ids, valid, positions, prompt_structure, logits_to_keep=1).logits[:, -1:].float()
     scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
     first = choose_token(scores[:, 0], do_sample, generator)  # (B,)
-    drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator)
+    drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator, assistant_vocab)
     drafter.prefill(input_ids, valid, positions)
     emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
     recorder.record(buffer.active, emitted, scores, logits)

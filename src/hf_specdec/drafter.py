@@ -9,6 +9,7 @@ and then drafts autoregressively, so no token is ever recomputed.
 from __future__ import annotations
 
 import torch
+from torch.nn import functional
 from transformers import PreTrainedModel
 
 from hf_specdec.draft_length import DraftLengthPolicy
@@ -16,6 +17,7 @@ from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.processing import RaggedLogitsProcessor
 from hf_specdec.sequences import TokenBuffer
+from hf_specdec.vocab import check_token_ids
 
 
 class DraftModelDrafter:
@@ -27,6 +29,9 @@ class DraftModelDrafter:
         processors (`RaggedLogitsProcessor`): the same processors the target's scores go through.
         do_sample (`bool`): sample drafts from q (and return q) instead of taking the argmax.
         generator (`torch.Generator`, *optional*): randomness for sampling.
+        token_ids (`torch.LongTensor`, *optional*): a draft vocabulary (see `hf_specdec.vocab`): the draft then
+            runs its decoder and projects onto these rows of its lm_head only, and proposes only these tokens;
+            its distribution q is the softmax over them (zero elsewhere), which keeps sampling exact.
     """
 
     def __init__(
@@ -36,10 +41,15 @@ class DraftModelDrafter:
         processors: RaggedLogitsProcessor,
         do_sample: bool,
         generator: torch.Generator | None = None,
+        token_ids: torch.Tensor | None = None,
     ) -> None:
         self.model = model
         self.device = model.device
         self.target_vocab_size = target_vocab_size
+        self.token_ids: torch.Tensor | None = None
+        self._projection: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        if token_ids is not None:
+            self.token_ids, self._projection = _restricted_head(model, token_ids, target_vocab_size)
         self.processors = processors
         self.do_sample = do_sample
         self.generator = generator
@@ -52,7 +62,9 @@ class DraftModelDrafter:
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Feed the prompts `(batch, prompt)` (the target's first token becomes pending in `start`)."""
-        self.seq = CachedSequence(self.model, input_ids.shape[0], self.device)
+        # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
+        runner = self.model if self.token_ids is None else self.model.get_decoder()
+        self.seq = CachedSequence(runner, input_ids.shape[0], self.device)
         self.seq.forward(
             input_ids.to(self.device),
             valid.to(self.device),
@@ -65,6 +77,16 @@ class DraftModelDrafter:
         """Record the target's first generated token `(batch,)` as pending."""
         self.pending = torch.stack([first_token, first_token], dim=1).to(self.device)  # (B, 2)
         self.pending_count = torch.ones_like(first_token, device=self.device)
+
+    def _logits(self, outputs: object) -> torch.Tensor:
+        """Float32 logits `(A, 1, target_vocab)` at the last fed position, -inf outside a draft vocabulary."""
+        if self._projection is None:
+            return self._to_target_vocab(outputs.logits[:, -1:].float())
+        assert self.token_ids is not None
+        weight, bias = self._projection
+        restricted = functional.linear(outputs.last_hidden_state[:, -1:], weight, bias).float()  # (A, 1, S)
+        logits = restricted.new_full((*restricted.shape[:-1], self.target_vocab_size), float("-inf"))
+        return logits.index_copy_(-1, self.token_ids, restricted)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Cut or pad draft logits `(..., vocab_draft)` to the target's vocabulary size."""
@@ -109,9 +131,13 @@ class DraftModelDrafter:
         self._fed = width
         policy.start_step()
         for j in range(num_tokens):
-            logits = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1).logits
-            logits = self._to_target_vocab(logits[:, -1:].to(target_device, torch.float32))  # (A, 1, V)
+            outputs = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1)
+            logits = self._logits(outputs).to(target_device)  # (A, 1, V)
             scores = self.processors(buffer.tokens, buffer.active, buffer.active_lengths + j, logits)[:, 0]
+            if self.token_ids is not None:
+                # Processors may rule out the whole draft vocabulary (e.g. constrained generation): such a row
+                # drafts from the uniform distribution instead, which verification handles like any other q.
+                scores = torch.where(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0, scores)
             if self.do_sample:
                 q = torch.softmax(scores, dim=-1)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
@@ -160,3 +186,21 @@ class DraftModelDrafter:
         if self._last_drafts is not None:
             self._last_drafts = self._last_drafts[keep]
         self.pending_count = self.pending_count[keep]
+
+
+def _restricted_head(
+    model: PreTrainedModel, token_ids: torch.Tensor, target_vocab_size: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Validate a draft vocabulary and gather the draft lm_head's rows for it, once."""
+    lm_head = model.get_output_embeddings()
+    weight = getattr(lm_head, "weight", None)
+    if weight is None or weight.dim() != 2:
+        raise ValueError(
+            f"`assistant_vocab` needs a draft whose output layer is a linear projection; "
+            f"{type(model).__name__}'s is {type(lm_head).__name__}. Drop `assistant_vocab`."
+        )
+    token_ids = check_token_ids(token_ids, min(weight.shape[0], target_vocab_size), "`assistant_vocab`")
+    token_ids = token_ids.to(model.device)
+    bias = getattr(lm_head, "bias", None)
+    rows = weight.detach()[token_ids], None if bias is None else bias.detach()[token_ids]
+    return token_ids, rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,7 +18,8 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.validation import check_generation_config, check_models
+from hf_specdec.validation import check_generation_config, check_models, output_vocab_size
+from hf_specdec.vocab import check_token_ids
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
 DEFAULT_NUM_ASSISTANT_TOKENS = 8
@@ -35,6 +37,10 @@ class SpeculativeGenerationMixin:
             is expected to cost more than it brings), `"constant"` or `"heuristic"`.
         assistant_confidence_threshold (`float`): stop drafting once the draft's top probability falls below
             this in every row (default: off).
+        assistant_vocab (`torch.LongTensor` or list of ids): a draft vocabulary, e.g. the most frequent tokens
+            (`hf_specdec.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
+            lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target still
+            verifies every token over its full vocabulary (default: the draft's whole vocabulary).
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
         tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
             is also needed for `stop_strings`.
@@ -46,9 +52,12 @@ class SpeculativeGenerationMixin:
         generation_config: GenerationConfig | None = None,
         *args: Any,
         assistant: PreTrainedModel | None = None,
+        assistant_vocab: torch.Tensor | Sequence[int] | None = None,
         **kwargs: Any,
     ) -> Any:
         if assistant is None:
+            if assistant_vocab is not None:
+                raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
             return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
         if args:
             raise TypeError("Pass generate()'s arguments after `generation_config` by keyword with `assistant=`.")
@@ -56,6 +65,12 @@ class SpeculativeGenerationMixin:
         tokenizer = kwargs.pop("tokenizer", None)
         assistant_tokenizer = kwargs.pop("assistant_tokenizer", None)
         check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
+        if assistant_vocab is not None:
+            assistant_vocab = check_token_ids(
+                torch.as_tensor(assistant_vocab),
+                min(output_vocab_size(self), output_vocab_size(assistant)),
+                "`assistant_vocab`",
+            )
         config, kwargs = self._resolve_config(generation_config, kwargs)
         policy = DraftLengthPolicy(
             num_tokens=_pick(config.num_assistant_tokens, DEFAULT_NUM_ASSISTANT_TOKENS),
@@ -65,7 +80,11 @@ class SpeculativeGenerationMixin:
         )
         kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
         decode = functools.partial(
-            speculative_decode, assistant=assistant, draft_length=policy, streamer=kwargs.get("streamer")
+            speculative_decode,
+            assistant=assistant,
+            draft_length=policy,
+            assistant_vocab=assistant_vocab,
+            streamer=kwargs.get("streamer"),
         )
         return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
 
