@@ -89,5 +89,8 @@ def draft_vocabulary(
         model.generate(**inputs, assistant=draft, assistant_vocab=vocab)
         ```
     """
-    counts = count_tokens((tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts), len(tokenizer))
+    texts = list(texts)
+    chunks = (texts[i : i + 256] for i in range(0, len(texts), 256))  # batched: fast tokenizers use every core
+    encoded = (ids for chunk in chunks for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"])
+    counts = count_tokens(encoded, len(tokenizer))
     return frequent_tokens(counts, size, [*always, *tokenizer.all_special_ids])

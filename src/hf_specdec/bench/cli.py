@@ -25,6 +25,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--target", default="qwen2.5-coder-1.5b", help="zoo name, local folder or Hub id")
     bench.add_argument("--draft", default="qwen2.5-coder-0.5b", help="zoo name, folder or Hub id; 'none' for no draft")
     bench.add_argument("--medusa", default=None, help="folder or Hub id of Medusa heads for the target")
+    bench.add_argument(
+        "--draft-vocab-size", type=int, default=32768, help="draft vocabulary of specdec-vocab (ShareGPT's top tokens)"
+    )
     bench.add_argument("--prompts", default="mt-bench,humaneval,gsm8k", help=f"comma-separated: {sorted(CATEGORIES)}")
     bench.add_argument("--n", type=int, default=12, help="number of prompts")
     bench.add_argument("--batch-size", type=int, default=1)
@@ -50,6 +53,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
         medusa = MedusaForCausalLM.from_pretrained(args.medusa, base_model=target)
     prompts = load_prompts(args.prompts.split(","), args.n, seed=args.seed)
+    draft_vocab = None
+    if any(method.needs_draft_vocab for method in methods):
+        from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
+
+        draft_vocab = sharegpt_draft_vocabulary(tokenizer, args.draft_vocab_size)
     result = run_benchmark(
         target,
         tokenizer,
@@ -61,6 +69,7 @@ def run_bench(args: argparse.Namespace) -> int:
         do_sample=args.do_sample,
         seed=args.seed,
         medusa=medusa,
+        draft_vocab=draft_vocab,
     )
     result.settings.update(
         target=args.target,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 
@@ -14,7 +15,8 @@ class Method:
 
     Attributes:
         name: short name used in tables, JSON and plots.
-        kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model.
+        kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model and
+            `"{draft_vocab}"` by the benchmark's draft vocabulary (`hf_specdec.bench.vocabulary`).
         uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation), `"specdec"` (this library
             with a draft model) or `"medusa"` (this library's Medusa heads).
     """
@@ -33,9 +35,13 @@ class Method:
             return "transformers' assisted generation supports batch size 1 only"
         return None
 
-    def generate_kwargs(self, draft: PreTrainedModel | None) -> dict[str, Any]:
-        resolved = {k: (draft if v == "{draft}" else v) for k, v in self.kwargs.items()}
-        return resolved
+    @property
+    def needs_draft_vocab(self) -> bool:
+        return "{draft_vocab}" in self.kwargs.values()
+
+    def generate_kwargs(self, draft: PreTrainedModel | None, draft_vocab: torch.Tensor | None = None) -> dict[str, Any]:
+        placeholders = {"{draft}": draft, "{draft_vocab}": draft_vocab}
+        return {k: placeholders.get(v, v) if isinstance(v, str) else v for k, v in self.kwargs.items()}
 
 
 METHODS: dict[str, Method] = {
@@ -49,6 +55,7 @@ METHODS: dict[str, Method] = {
             {"assistant_model": "{draft}", "num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic"},
         ),
         Method("specdec", "specdec", {"assistant": "{draft}"}),
+        Method("specdec-vocab", "specdec", {"assistant": "{draft}", "assistant_vocab": "{draft_vocab}"}),
         Method("medusa", "medusa", {"medusa": True}),
         Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
         Method(

@@ -120,8 +120,9 @@ def _run_method(
     inputs: dict[str, torch.Tensor],
     generate_kwargs: dict[str, Any],
     medusa: Any = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, Any, int | None]:
-    kwargs = {**generate_kwargs, **method.generate_kwargs(draft)}
+    kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab)}
     speculative = method.uses in ("specdec", "medusa")
     if speculative:
         kwargs["return_dict_in_generate"] = True
@@ -151,11 +152,13 @@ def run_benchmark(
     do_sample: bool = False,
     seed: int = 0,
     medusa: Any = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> BenchmarkResult:
     """Run every method on every batch of prompts, in an order that rotates from batch to batch.
 
     The first method must be `plain`: the others are compared to its outputs (greedy) and its speed.
-    `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods.
+    `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods; `draft_vocab` the draft
+    vocabulary of the methods that restrict their draft's (built from ShareGPT V3 when they run and it is `None`).
     """
     if not methods or methods[0].uses != "plain":
         raise ValueError("The first method must be plain generate(): the others are measured against it.")
@@ -169,20 +172,26 @@ def run_benchmark(
             runnable.append(method)
         else:
             result.skipped[method.name] = reason
+    if draft_vocab is None and any(method.needs_draft_vocab for method in runnable):
+        from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
+
+        draft_vocab = sharegpt_draft_vocabulary(tokenizer)
+    if draft_vocab is not None:
+        result.settings["draft_vocab_size"] = draft_vocab.numel()
     eos = target.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     warm = chat_inputs(tokenizer, [p.text for p in batches[0]])
     for method in runnable:  # warm-up: first calls pay for allocations and lazy initialisation
-        _run_method(method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4}, medusa)
+        _run_method(method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4}, medusa, draft_vocab)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
         outputs: dict[str, tuple] = {}
         for method in order:
             torch.manual_seed(seed + index)
-            outputs[method.name] = _run_method(method, target, draft, inputs, generate_kwargs, medusa)
+            outputs[method.name] = _run_method(method, target, draft, inputs, generate_kwargs, medusa, draft_vocab)
         plain = outputs[runnable[0].name][0]
         for method in runnable:
             sequences, seconds, stats, peak = outputs[method.name]
