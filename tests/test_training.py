@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -20,6 +21,8 @@ from hf_specdec.training import (
     MedusaTrainer,
     cache_hidden_states,
     load_records,
+    self_distill,
+    self_distill_with_states,
     tokenize_conversation,
     tokenize_records,
 )
@@ -157,7 +160,8 @@ def test_medusa2_lora_trains_base_adapters_and_round_trips(tmp_path: Path, data)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # adapters merged into the base
 
 
-def test_recipe_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("self_distilled", [False, True])
+def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
     base_dir = tmp_path / "base"
     tiny_model("llama", seed=0).save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
@@ -175,8 +179,10 @@ def test_recipe_end_to_end(tmp_path: Path) -> None:
             "--cache_hidden_states", "--eval_fraction", "0.25", "--output_dir", str(out), "--max_steps", "5",
             "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
             "--head_vocab_size", "40",
+            *(["--self_distill", "--distill_max_new_tokens", "12"] if self_distilled else []),
         ]
     )  # fmt: skip
+    assert (out / "self_distill_states").exists() == self_distilled
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["num_heads"] == 2 and len(config["measured_top1"]) == 2 and config["tree"]
     assert "expected_tau" in config["extra"]
@@ -184,3 +190,45 @@ def test_recipe_end_to_end(tmp_path: Path) -> None:
     model = MedusaForCausalLM.from_pretrained(out)
     assert model.heads.token_ids.numel() == 40 and 3 in model.heads.token_ids.tolist()  # EOS always kept
     assert model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=5, medusa=True).shape == (1, 8)
+
+
+def _refuse_generation(*args, **kwargs):
+    raise AssertionError("a finished self-distillation must not generate again")
+
+
+def test_self_distillation_writes_the_base_greedy_replies_and_resumes(tmp_path: Path, monkeypatch) -> None:
+    base, tokenizer = tiny_model("llama", seed=0, sharpen=4.0), tiny_tokenizer()
+    records = datasets.Dataset.from_list(_conversations(5))
+    out = self_distill(base, tokenizer, records, tmp_path / "sd.jsonl", max_new_tokens=6, batch_size=2)
+    assert len(out) == 5 and [m["role"] for m in out[0]["messages"]] == ["user", "assistant"]
+    prompt = tokenizer.apply_chat_template(out[0]["messages"][:1], tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    expected = base.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
+    assert out[0]["messages"][1]["content"] == tokenizer.decode(expected, skip_special_tokens=True).strip()
+    monkeypatch.setattr(base, "generate", _refuse_generation)
+    assert len(self_distill(base, tokenizer, records, tmp_path / "sd.jsonl", max_new_tokens=6, batch_size=2)) == 5
+
+
+def test_self_distillation_keeps_the_hidden_states_a_forward_would_give(tmp_path: Path, monkeypatch) -> None:
+    base, tokenizer = tiny_model("qwen2", seed=0, sharpen=4.0), tiny_tokenizer()
+    records = datasets.Dataset.from_list(_conversations(5, seed=3))
+    data = self_distill_with_states(base, tokenizer, records, tmp_path / "states", max_new_tokens=8, batch_size=3)
+    assert len(data) == 5
+    generated_lengths = set()
+    for row in data:
+        ids = torch.tensor(row["input_ids"])
+        labels = torch.tensor(row["labels"])
+        hidden = torch.tensor(row["hidden_states"])
+        assert hidden.shape == (ids.numel(), base.config.hidden_size)
+        reply = labels != IGNORE_INDEX
+        assert torch.equal(labels[reply], ids[reply]) and not reply[0] and bool(reply[-1])
+        generated_lengths.add(int(reply.sum()))
+        with torch.no_grad():
+            expected = base(ids[None], output_hidden_states=True).hidden_states[-1][0]
+        # The generation's states (padded batch, step by step) are the teacher-forced ones, up to float16.
+        torch.testing.assert_close(hidden[:-1], expected[:-1].half().float(), atol=2e-2, rtol=2e-2)
+        assert not hidden[-1].any()
+    assert min(generated_lengths) <= 8
+    monkeypatch.setattr(base, "generate", _refuse_generation)
+    again = self_distill_with_states(base, tokenizer, records, tmp_path / "states", max_new_tokens=8, batch_size=3)
+    assert again["input_ids"] == data["input_ids"]

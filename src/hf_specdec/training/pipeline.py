@@ -14,7 +14,7 @@ from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
-from hf_specdec.training.self_distill import self_distill
+from hf_specdec.training.self_distill import self_distill, self_distill_with_states
 from hf_specdec.training.trainer import MedusaTrainer
 from hf_specdec.validation import output_vocab_size
 from hf_specdec.vocab import count_tokens, frequent_tokens
@@ -72,20 +72,32 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     if config.max_examples is not None:
         records = records.select(range(min(config.max_examples, len(records))))
     output_dir = Path(training_args.output_dir)
-    if config.self_distill:
-        records = self_distill(
+    if config.self_distill and config.cache_hidden_states:
+        # The base's hidden states come out of its own generation: no second forward over the replies.
+        tokenized = self_distill_with_states(
             base,
             tokenizer,
             records,
-            output_dir / "self_distill.jsonl",
+            output_dir / "self_distill_states",
             max_new_tokens=config.distill_max_new_tokens,
             batch_size=config.distill_batch_size,
-        )
-    tokenized = tokenize_records(records, tokenizer, config.max_length)
-    if config.cache_hidden_states:
-        folder = output_dir / "hidden_states" / tokenized._fingerprint
-        tokenized = cache_hidden_states(base, tokenized, folder, tokenizer.pad_token_id)
-        tokenized = tokenized.remove_columns("input_ids")
+            max_length=config.max_length,
+        ).remove_columns("input_ids")
+    else:
+        if config.self_distill:
+            records = self_distill(
+                base,
+                tokenizer,
+                records,
+                output_dir / "self_distill.jsonl",
+                max_new_tokens=config.distill_max_new_tokens,
+                batch_size=config.distill_batch_size,
+            )
+        tokenized = tokenize_records(records, tokenizer, config.max_length)
+        if config.cache_hidden_states:
+            folder = output_dir / "hidden_states" / tokenized._fingerprint
+            tokenized = cache_hidden_states(base, tokenized, folder, tokenizer.pad_token_id)
+            tokenized = tokenized.remove_columns("input_ids")
     split = (
         tokenized.train_test_split(test_size=config.eval_fraction, seed=training_args.seed)
         if config.eval_fraction

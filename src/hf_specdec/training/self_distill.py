@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
 
 
@@ -78,3 +79,82 @@ def self_distill(
     finally:
         tokenizer.padding_side = padding_side
     return datasets.load_dataset("json", data_files=str(output_file), split="train")
+
+
+@torch.no_grad()
+def self_distill_with_states(
+    base: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    records: datasets.Dataset,
+    directory: str | Path,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    max_length: int | None = None,
+) -> datasets.Dataset:
+    """Self-distillation that keeps the base's last hidden states from its own generation, so Medusa-1 heads
+    train without a second forward over the replies.
+
+    Returns (and saves under `directory`, one shard per batch, so an interrupted run resumes) a data set with
+    `input_ids` (the prompt rendered with the chat template, then the reply exactly as the base wrote it,
+    end-of-turn token included), `labels` (the reply's tokens; prompt tokens ignored) and `hidden_states`
+    `(seq, hidden)` float16 (the base's last hidden states, after its final norm; zero at the last token, whose
+    state no label needs). Greedy, as heads serving greedy decoding should learn.
+    """
+    directory = Path(directory)
+    todo = [(i, m) for i, r in enumerate(records) if (m := prompt_messages(r)) is not None]
+    hidden_size = base.config.get_text_config(decoder=True).hidden_size
+    features = datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int64")),
+            "labels": datasets.Sequence(datasets.Value("int64")),
+            "hidden_states": datasets.Array2D(shape=(None, hidden_size), dtype="float16"),
+        }
+    )
+    eos = base.generation_config.eos_token_id
+    eos_ids = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    shards = []
+    try:
+        for start in tqdm(range(0, len(todo), batch_size), desc="self-distillation", unit="batch"):
+            shard = directory / f"shard-{start:07d}-{batch_size}"
+            if not (shard / "dataset_info.json").exists():
+                batch = todo[start : start + batch_size]
+                texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for _, m in batch]
+                inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(base.device)
+                out = base.generate(
+                    **inputs,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                    output_hidden_states=True,
+                    return_dict_in_generate=True,
+                )
+                rows = _rows_with_states(inputs["attention_mask"], out.sequences, out.hidden_states, eos_ids)
+                if max_length is not None:
+                    rows = [{k: v[:max_length] for k, v in row.items()} for row in rows]
+                datasets.Dataset.from_list(rows, features=features).save_to_disk(str(shard))
+            shards.append(datasets.load_from_disk(str(shard)))
+    finally:
+        tokenizer.padding_side = padding_side
+    return datasets.concatenate_datasets(shards)
+
+
+def _rows_with_states(
+    attention_mask: torch.Tensor, sequences: torch.Tensor, steps: tuple, eos_ids: torch.Tensor
+) -> list[dict[str, Any]]:
+    """Unpad a generated batch into examples, with the last layer's state of every fed token."""
+    prompt_length = attention_mask.shape[1]
+    # steps[0]: the prompt's layers (B, P, H); then one (B, 1, H) per generated token fed back.
+    states = torch.cat([steps[0][-1], *(step[-1] for step in steps[1:])], dim=1)  # (B, P + G - 1, H)
+    rows = []
+    for b in range(sequences.shape[0]):
+        first = int((attention_mask[b] == 0).sum())  # left padding
+        generated = sequences[b, prompt_length:]
+        is_eos = torch.isin(generated, eos_ids.to(generated.device))
+        length = int(is_eos.long().argmax()) + 1 if bool(is_eos.any()) else generated.numel()
+        ids = sequences[b, first : prompt_length + length]
+        hidden = states[b, first : prompt_length + length - 1].to(torch.float16).cpu()
+        hidden = torch.cat([hidden, hidden.new_zeros(1, hidden.shape[1])])  # the last token is never fed
+        labels = torch.cat([torch.full((prompt_length - first,), IGNORE_INDEX), generated[:length].cpu()])
+        rows.append({"input_ids": ids.tolist(), "labels": labels.tolist(), "hidden_states": hidden.numpy()})
+    return rows
