@@ -8,6 +8,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import safetensors.torch
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -179,10 +180,13 @@ def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
             "--cache_hidden_states", "--eval_fraction", "0.25", "--output_dir", str(out), "--max_steps", "5",
             "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
             "--head_vocab_size", "40",
-            *(["--self_distill", "--distill_max_new_tokens", "12"] if self_distilled else []),
+            # The self-distilled run also takes a bfloat16 base: its heads still train in float32.
+            *(["--self_distill", "--distill_max_new_tokens", "12", "--dtype", "bfloat16"] if self_distilled else []),
         ]
     )  # fmt: skip
     assert (out / "self_distill_states").exists() == self_distilled
+    saved = safetensors.torch.load_file(out / "medusa_heads.safetensors")
+    assert saved["blocks.0.0.linear.weight"].dtype == torch.float32
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["num_heads"] == 2 and len(config["measured_top1"]) == 2 and config["tree"]
     assert "expected_tau" in config["extra"]

@@ -108,6 +108,125 @@ class MedusaHeads(nn.Module):
             return token_ids.clamp_min(-1)
         return torch.where(token_ids >= 0, self._index[token_ids.clamp_min(0)], -1)
 
+    def _shared_projection(self, lm_head: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The base lm_head's weights (the draft vocabulary's rows) in `dtype`, gathered and cast once (and
+        again only when the weights change; at every call while they train)."""
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        if self.token_ids is None and weight.dtype == dtype:
+            return weight, bias
+        ids = None if self.token_ids is None else self.token_ids.to(weight.device)
+
+        def rows(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            if tensor is None:
+                return None
+            return (tensor if ids is None else tensor[ids]).to(dtype)
+
+        if weight.requires_grad and torch.is_grad_enabled():
+            return rows(weight), rows(bias)
+        key = (weight.data_ptr(), weight._version, weight.device, dtype)
+        if self._shared_rows is None or self._shared_rows[0] != key:
+            self._shared_rows = (key, rows(weight.detach()), rows(None if bias is None else bias.detach()))
+        return self._shared_rows[1], self._shared_rows[2]
+
+    def head(self, k: int, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Logits `(..., head_vocab_size)` of head `k` on hidden states `(..., hidden)` (heads may keep their
+        own dtype, e.g. float32 while training on a bfloat16 base)."""
+        state = self.blocks[k](hidden)
+        if self.projections is not None:
+            return self.projections[k](state)
+        weight, bias = self._shared_projection(lm_head, state.dtype)
+        return functional.linear(state, weight, bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden + nn.functional.silu(self.linear(hidden))
+
+
+class MedusaHeads(nn.Module):
+    """K heads. Each is its own stack of `ResBlock`s (independent weights: building the stack with
+    `[ResBlock(h)] * n` would share one block's weights across layers) and a vocabulary projection, either
+    its own or the base's `lm_head`.
+
+    With `token_ids`, the heads propose only those tokens (a *draft vocabulary*, see `hf_specdec.vocab`):
+    they project onto those rows of the vocabulary and their logits have `len(token_ids)` entries. On a
+    large vocabulary this makes the heads several times cheaper, and it stays lossless (the base verifies).
+
+    Args:
+        num_heads (`int`): K.
+        num_layers (`int`): residual blocks per head.
+        hidden_size (`int`): the base's hidden size.
+        vocab_size (`int`): the base's number of logits.
+        share_lm_head (`bool`): use the base's `lm_head` (passed to `forward`) instead of own projections.
+        token_ids (`torch.LongTensor`, *optional*): the draft vocabulary; all `vocab_size` ids when `None`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        share_lm_head: bool,
+        token_ids: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers))) for _ in range(num_heads)
+        )
+        outputs = vocab_size
+        if token_ids is not None:
+            token_ids = check_token_ids(token_ids, vocab_size, "heads' vocabulary")
+            self.register_buffer("token_ids", token_ids)
+            self.register_buffer("_index", vocab_index(token_ids, vocab_size), persistent=False)
+            self.register_load_state_dict_post_hook(lambda module, _: module._reindex())
+            outputs = token_ids.numel()
+        else:
+            self.token_ids = None
+        self.projections = (
+            None
+            if share_lm_head
+            else nn.ModuleList(nn.Linear(hidden_size, outputs, bias=False) for _ in range(num_heads))
+        )
+        self._shared_rows: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
+
+    def _reindex(self) -> None:
+        """Rebuild the id-to-position map after the draft vocabulary was loaded."""
+        self.token_ids = check_token_ids(self.token_ids, self.vocab_size, "heads' vocabulary").to(self._index.device)
+        self._index = vocab_index(self.token_ids, self.vocab_size)
+        self._shared_rows = None
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def head_vocab_size(self) -> int:
+        """How many tokens a head chooses from (its logits' last dimension)."""
+        return self.vocab_size if self.token_ids is None else self.token_ids.numel()
+
+    def init_projections_from(self, lm_head: nn.Module) -> None:
+        """Copy the base's lm_head weights (the draft vocabulary's rows) into every own projection (Medusa's
+        initialisation)."""
+        if self.projections is None:
+            return
+        with torch.no_grad():
+            weight = (
+                lm_head.weight if self.token_ids is None else lm_head.weight[self.token_ids.to(lm_head.weight.device)]
+            )
+            for projection in self.projections:
+                projection.weight.copy_(weight)
+
+    def to_token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of positions in the heads' logits."""
+        return indices if self.token_ids is None else self.token_ids[indices]
+
+    def to_head_index(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Positions of token ids in the heads' logits; -1 for ids outside the draft vocabulary (negative ids,
+        i.e. ignored labels, stay -1 too)."""
+        if self.token_ids is None:
+            return token_ids.clamp_min(-1)
+        return torch.where(token_ids >= 0, self._index[token_ids.clamp_min(0)], -1)
+
     def _shared_projection(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The base lm_head's rows of the draft vocabulary, gathered once (and again only if the weights change;
         every call while they train)."""

@@ -115,6 +115,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         token_ids, coverage = _draft_vocabulary(train["labels"], base, config.head_vocab_size)
         medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
     model = MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids).freeze_base()
+    model.heads.float()  # heads train in float32 whatever the base's dtype; loading casts them to the base's
     if config.lora:
         from peft import LoraConfig, get_peft_model
 

@@ -73,6 +73,7 @@ class MedusaTrainer(Trainer):
     ) -> None:
         hidden, base_loss = self._hidden_states(inputs)
         medusa = self.medusa
+        hidden = hidden.to(next(medusa.heads.parameters()).dtype)  # heads train in their own dtype (float32)
         weights = head_weights(medusa.config.num_heads, self.head_decay)
         lm_head = medusa.base.get_output_embeddings()
         loss, _, outputs = medusa_loss_from_hidden(medusa.heads, lm_head, hidden, inputs["labels"], weights)
