@@ -28,6 +28,7 @@ from hf_specdec.training import (
     tokenize_records,
 )
 from hf_specdec.training.data import to_messages
+from hf_specdec.training.hidden_cache import base_labels
 from tests.tiny_models import VOCAB, tiny_model
 
 ROLES = ["user", "assistant", "system"]
@@ -236,3 +237,23 @@ def test_self_distillation_keeps_the_hidden_states_a_forward_would_give(tmp_path
     monkeypatch.setattr(base, "generate", _refuse_generation)
     again = self_distill_with_states(base, tokenizer, records, tmp_path / "states", max_new_tokens=8, batch_size=3)
     assert again["input_ids"] == data["input_ids"]
+
+
+def test_base_labels_by_hand() -> None:
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 7, 8, 9]])
+    predictions = torch.tensor([[1, 2, 3, 4, 5]])  # the base's argmax at each position: its next-token guess
+    assert base_labels(labels, predictions).tolist() == [[IGNORE_INDEX, IGNORE_INDEX, 2, 3, 4]]
+
+
+def test_relabeled_cache_holds_the_base_greedy_choices(tmp_path: Path, data) -> None:
+    base = tiny_model("llama", seed=0, sharpen=4.0)
+    cached = cache_hidden_states(base, data, tmp_path / "cache", pad_token_id=0, relabel=True)
+    row = cached[0]
+    ids = torch.tensor(row["input_ids"])[None]
+    with torch.no_grad():
+        greedy = base(ids).logits.argmax(dim=-1)[0]
+    labels, original = torch.tensor(row["labels"]), torch.tensor(data[0]["labels"])
+    keep = original != IGNORE_INDEX
+    assert torch.equal(labels != IGNORE_INDEX, keep)
+    assert torch.equal(labels[1:][keep[1:]], greedy[:-1][keep[1:]])
+    assert not torch.equal(labels, original)  # a random tiny base does not write the data's replies

@@ -12,6 +12,7 @@ import datasets
 import torch
 from transformers import PreTrainedModel
 
+from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.collator import MedusaCollator
 
 
@@ -22,11 +23,16 @@ def cache_hidden_states(
     directory: str | Path,
     pad_token_id: int,
     batch_size: int = 8,
+    relabel: bool = False,
 ) -> datasets.Dataset:
     """Add a `hidden_states` column `(seq, hidden)` (the base's last hidden states, after its final norm) to a
     tokenised data set, saved under `directory` and reloaded from there if it already exists.
 
-    The folder name should identify the base and the data (the recipe uses the data set's fingerprint).
+    With `relabel`, the same forward also replaces every label by the base's own greedy prediction there
+    (see [`base_labels`]): heads then learn what the base would write, on any text, without generating.
+
+    The folder name should identify the base, the data and `relabel` (the recipe uses the data set's
+    fingerprint).
     """
     directory = Path(directory)
     if (directory / "dataset_info.json").exists():
@@ -45,7 +51,11 @@ def cache_hidden_states(
             output_hidden_states=True,
         )
         states = out.hidden_states[-1].to(torch.float16).cpu()
-        return {"hidden_states": [s[: len(i)].numpy() for s, i in zip(states, batch["input_ids"], strict=True)]}
+        columns = {"hidden_states": [s[: len(i)].numpy() for s, i in zip(states, batch["input_ids"], strict=True)]}
+        if relabel:
+            labels = base_labels(padded["labels"], out.logits.argmax(dim=-1).cpu())
+            columns["labels"] = [row[: len(i)].tolist() for row, i in zip(labels, batch["input_ids"], strict=True)]
+        return columns
 
     features = tokenized.features.copy()
     features["hidden_states"] = datasets.Array2D(shape=(None, hidden_size), dtype="float16")
@@ -54,3 +64,21 @@ def cache_hidden_states(
     )
     with_hidden.save_to_disk(str(directory))
     return datasets.load_from_disk(str(directory))
+
+
+def base_labels(labels: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
+    """Labels that teach the base's own choices: at every labelled position, the base's greedy prediction of
+    that token from the data's prefix (its argmax one position earlier) instead of the data's token.
+
+    Teacher-forced self-distillation: the text can be anyone's (a chat corpus), while the labels are what this
+    base writes after that prefix, which is what its heads must guess at decoding time. One forward per
+    example instead of generating the replies.
+
+    Args:
+        labels (`torch.LongTensor` of shape `(batch, seq)`): the data's labels, `IGNORE_INDEX` where none.
+        predictions (`torch.LongTensor` of shape `(batch, seq)`): the base's argmax at every position (the
+            prediction of the next token).
+    """
+    relabeled = torch.full_like(labels, IGNORE_INDEX)
+    relabeled[:, 1:] = predictions[:, :-1]
+    return torch.where(labels == IGNORE_INDEX, IGNORE_INDEX, relabeled)

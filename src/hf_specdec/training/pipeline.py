@@ -48,6 +48,13 @@ class MedusaTrainingConfig:
     distill_max_new_tokens: int = field(default=256, metadata={"help": "Reply length when self-distilling."})
     distill_batch_size: int = field(default=8, metadata={"help": "Batch size when self-distilling."})
     cache_hidden_states: bool = field(default=False, metadata={"help": "Medusa-1: compute base states once."})
+    relabel_with_base: bool = field(
+        default=False,
+        metadata={
+            "help": "With --cache_hidden_states: replace each reply token by the base's own greedy prediction "
+            "from the data's prefix (teacher-forced self-distillation: one forward, no generation)."
+        },
+    )
     lora: bool = field(default=False, metadata={"help": "Medusa-2: train the base too, through LoRA adapters."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     distill_weight: float = field(default=1.0, metadata={"help": "Medusa-2: KL weight to the frozen base."})
@@ -58,6 +65,10 @@ class MedusaTrainingConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}.")
+        if self.relabel_with_base and self.self_distill:
+            raise ValueError("--relabel_with_base and --self_distill both label with the base's own tokens: pass one.")
+        if self.relabel_with_base and not self.cache_hidden_states:
+            raise ValueError("--relabel_with_base labels the data in the hidden-state pass: add --cache_hidden_states.")
         if self.cache_hidden_states and self.lora:
             raise ValueError("Cached hidden states need a frozen base; they cannot be combined with --lora.")
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -95,8 +106,14 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             )
         tokenized = tokenize_records(records, tokenizer, config.max_length)
         if config.cache_hidden_states:
-            folder = output_dir / "hidden_states" / tokenized._fingerprint
-            tokenized = cache_hidden_states(base, tokenized, folder, tokenizer.pad_token_id)
+            name = tokenized._fingerprint + ("-relabeled" if config.relabel_with_base else "")
+            tokenized = cache_hidden_states(
+                base,
+                tokenized,
+                output_dir / "hidden_states" / name,
+                tokenizer.pad_token_id,
+                relabel=config.relabel_with_base,
+            )
             tokenized = tokenized.remove_columns("input_ids")
     split = (
         tokenized.train_test_split(test_size=config.eval_fraction, seed=training_args.seed)
