@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
 
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.kv_cache import CachedSequence
@@ -78,15 +79,16 @@ class DraftModelDrafter:
         self.pending = torch.stack([first_token, first_token], dim=1).to(self.device)  # (B, 2)
         self.pending_count = torch.ones_like(first_token, device=self.device)
 
-    def _logits(self, outputs: object) -> torch.Tensor:
+    def _logits(self, outputs: ModelOutput) -> torch.Tensor:
         """Float32 logits `(A, 1, target_vocab)` at the last fed position, -inf outside a draft vocabulary."""
         if self._projection is None:
             return self._to_target_vocab(outputs.logits[:, -1:].float())
         assert self.token_ids is not None
         weight, bias = self._projection
-        restricted = functional.linear(outputs.last_hidden_state[:, -1:], weight, bias).float()  # (A, 1, S)
+        last = outputs.last_hidden_state[:, -1:]
+        restricted = functional.linear(last.to(weight.device), weight, bias).float().to(last.device)  # (A, 1, S)
         logits = restricted.new_full((*restricted.shape[:-1], self.target_vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.token_ids, restricted)
+        return logits.index_copy_(-1, self.token_ids.to(last.device), restricted)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Cut or pad draft logits `(..., vocab_draft)` to the target's vocabulary size."""
@@ -134,10 +136,10 @@ class DraftModelDrafter:
             outputs = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1)
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
             scores = self.processors(buffer.tokens, buffer.active, buffer.active_lengths + j, logits)[:, 0]
-            if self.token_ids is not None:
-                # Processors may rule out the whole draft vocabulary (e.g. constrained generation): such a row
-                # drafts from the uniform distribution instead, which verification handles like any other q.
-                scores = torch.where(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0, scores)
+            # Processors may rule out every token the draft can propose (constrained generation with a draft
+            # vocabulary, or ids past a smaller draft vocabulary): such a row drafts from the uniform
+            # distribution instead, which verification handles like any other q.
+            scores = torch.where(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0, scores)
             if self.do_sample:
                 q = torch.softmax(scores, dim=-1)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
@@ -188,19 +190,30 @@ class DraftModelDrafter:
         self.pending_count = self.pending_count[keep]
 
 
+# Config fields of models that transform their logits after the lm_head (Gemma 2/3, Cohere, Granite).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
 def _restricted_head(
     model: PreTrainedModel, token_ids: torch.Tensor, target_vocab_size: int
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
     """Validate a draft vocabulary and gather the draft lm_head's rows for it, once."""
     lm_head = model.get_output_embeddings()
     weight = getattr(lm_head, "weight", None)
-    if weight is None or weight.dim() != 2:
+    if weight is None or weight.dim() != 2 or weight.device.type == "meta":
         raise ValueError(
-            f"`assistant_vocab` needs a draft whose output layer is a linear projection; "
+            f"`assistant_vocab` needs a draft whose output layer is a loaded linear projection; "
             f"{type(model).__name__}'s is {type(lm_head).__name__}. Drop `assistant_vocab`."
         )
+    config = model.config.get_text_config(decoder=True)
+    for name in LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1.0):
+            raise ValueError(
+                f"The draft rescales its logits after the lm_head (`{name}` in its config), which `assistant_vocab` "
+                "would skip, making its sampling distribution wrong for acceptance: drop `assistant_vocab`."
+            )
     token_ids = check_token_ids(token_ids, min(weight.shape[0], target_vocab_size), "`assistant_vocab`")
-    token_ids = token_ids.to(model.device)
+    token_ids = token_ids.to(weight.device)
     bias = getattr(lm_head, "bias", None)
     rows = weight.detach()[token_ids], None if bias is None else bias.detach()[token_ids]
     return token_ids, rows

@@ -23,7 +23,7 @@ def count_tokens(sequences: Iterable[Sequence[int] | torch.Tensor], vocab_size: 
     labels, are skipped), as a `(vocab_size,)` int64 tensor."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for sequence in sequences:
-        ids = torch.as_tensor(sequence, dtype=torch.long).flatten()
+        ids = torch.as_tensor(sequence, dtype=torch.long).flatten().cpu()
         ids = ids[ids >= 0]
         if ids.numel() and int(ids.max()) >= vocab_size:
             raise ValueError(f"Token id {int(ids.max())} is outside the vocabulary of {vocab_size} ids.")
@@ -67,7 +67,9 @@ def vocab_index(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def check_token_ids(token_ids: torch.Tensor, vocab_size: int, what: str = "draft vocabulary") -> torch.Tensor:
     """Validate a draft vocabulary (1-D, unique ids within the vocabulary) and return it as sorted int64."""
     token_ids = torch.as_tensor(token_ids)
-    if token_ids.dim() != 1 or token_ids.numel() == 0 or token_ids.is_floating_point():
+    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+        raise ValueError(f"A {what} holds integer token ids, got {token_ids.dtype}.")
+    if token_ids.dim() != 1 or token_ids.numel() == 0:
         raise ValueError(f"A {what} is a non-empty 1-D list of token ids, got shape {tuple(token_ids.shape)}.")
     token_ids = token_ids.long().sort().values
     if int(token_ids[0]) < 0 or int(token_ids[-1]) >= vocab_size:

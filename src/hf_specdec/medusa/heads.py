@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from torch.nn import functional
@@ -59,7 +61,7 @@ class MedusaHeads(nn.Module):
             token_ids = check_token_ids(token_ids, vocab_size, "heads' vocabulary")
             self.register_buffer("token_ids", token_ids)
             self.register_buffer("_index", vocab_index(token_ids, vocab_size), persistent=False)
-            self.register_load_state_dict_post_hook(lambda module, _: module._reindex())
+            self.register_load_state_dict_post_hook(_reindex_after_load)
             outputs = token_ids.numel()
         else:
             self.token_ids = None
@@ -68,12 +70,16 @@ class MedusaHeads(nn.Module):
             if share_lm_head
             else nn.ModuleList(nn.Linear(hidden_size, outputs, bias=False) for _ in range(num_heads))
         )
-        self._shared_rows: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
+        self._shared_rows: tuple[tuple, torch.Tensor | None, torch.Tensor | None] | None = None
 
     def _reindex(self) -> None:
         """Rebuild the id-to-position map after the draft vocabulary was loaded."""
-        self.token_ids = check_token_ids(self.token_ids, self.vocab_size, "heads' vocabulary").to(self._index.device)
-        self._index = vocab_index(self.token_ids, self.vocab_size)
+        assert self.token_ids is not None
+        if not torch.equal(
+            check_token_ids(self.token_ids, self.vocab_size, "heads' vocabulary"), self.token_ids.long()
+        ):
+            raise ValueError("A heads' vocabulary must hold increasing token ids (their projections' row order).")
+        self._index = vocab_index(self.token_ids, self.vocab_size).to(self.token_ids.device)
         self._shared_rows = None
 
     @property
@@ -108,12 +114,14 @@ class MedusaHeads(nn.Module):
             return token_ids.clamp_min(-1)
         return torch.where(token_ids >= 0, self._index[token_ids.clamp_min(0)], -1)
 
-    def _shared_projection(self, lm_head: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The base lm_head's weights (the draft vocabulary's rows) in `dtype`, gathered and cast once (and
-        again only when the weights change; at every call while they train)."""
+    def _shared_projection(
+        self, lm_head: nn.Module, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The base lm_head's rows of the draft vocabulary in `dtype`, gathered and cast once (again only when
+        the weights change; at every call while they train)."""
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-        if self.token_ids is None and weight.dtype == dtype:
-            return weight, bias
+        if weight.device.type == "meta":
+            raise ValueError("The base's lm_head is offloaded (meta weights): heads with a vocabulary need it loaded.")
         ids = None if self.token_ids is None else self.token_ids.to(weight.device)
 
         def rows(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -123,19 +131,24 @@ class MedusaHeads(nn.Module):
 
         if weight.requires_grad and torch.is_grad_enabled():
             return rows(weight), rows(bias)
-        key = (weight.data_ptr(), weight._version, weight.device, dtype)
-        if self._shared_rows is None or self._shared_rows[0] != key:
-            self._shared_rows = (key, rows(weight.detach()), rows(None if bias is None else bias.detach()))
-        return self._shared_rows[1], self._shared_rows[2]
+        cached = self._shared_rows
+        if cached is None or cached[0][0]() is not weight or cached[0][1:] != (weight._version, dtype, ids is None):
+            key = (weakref.ref(weight), weight._version, dtype, ids is None)
+            cached = self._shared_rows = (key, rows(weight.detach()), rows(None if bias is None else bias.detach()))
+        return cached[1], cached[2]
 
     def head(self, k: int, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Logits `(..., head_vocab_size)` of head `k` on hidden states `(..., hidden)` (heads may keep their
-        own dtype, e.g. float32 while training on a bfloat16 base)."""
-        state = self.blocks[k](hidden)
+        """Logits `(..., head_vocab_size)` of head `k` on hidden states `(..., hidden)`, in the heads' dtype (they
+        may keep their own, e.g. float32 ones trained on a bfloat16 base)."""
+        block = self.blocks[k]
+        parameter = next(block.parameters(), None)
+        state = block(hidden if parameter is None else hidden.to(parameter.dtype))
         if self.projections is not None:
             return self.projections[k](state)
+        if self.token_ids is None and lm_head.weight.dtype == state.dtype:
+            return lm_head(state)  # the module itself, with any hooks (device placement, sharding)
         weight, bias = self._shared_projection(lm_head, state.dtype)
-        return functional.linear(state, weight, bias)
+        return functional.linear(state.to(weight.device), weight, bias).to(state.device)
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits of every head.
@@ -149,3 +162,9 @@ class MedusaHeads(nn.Module):
             `torch.Tensor` of shape `(num_heads, batch, seq, head_vocab_size)`.
         """
         return torch.stack([self.head(k, hidden, lm_head) for k in range(self.num_heads)], dim=0)
+
+
+def _reindex_after_load(module: nn.Module, _incompatible: object) -> None:
+    """`load_state_dict` post hook: the loaded draft vocabulary needs its id-to-position map."""
+    assert isinstance(module, MedusaHeads)
+    module._reindex()

@@ -115,11 +115,16 @@ def medusa_loss_from_hidden(
 
 
 @torch.no_grad()
-def head_accuracy(head_logits: torch.Tensor, labels: torch.Tensor, top_k: int = 1) -> torch.Tensor:
-    """Share of labelled positions where each head's top-`top_k` holds its label `(heads,)`."""
+def head_accuracy(
+    head_logits: torch.Tensor, labels: torch.Tensor, top_k: int = 1, heads: MedusaHeads | None = None
+) -> torch.Tensor:
+    """Share of labelled positions where each head's top-`top_k` holds its label `(heads,)`; pass `heads` when
+    they have a draft vocabulary (their logits are then positions in it; labels outside it count as misses)."""
     accuracies = []
     for k in range(head_logits.shape[0]):
         target = head_labels(labels, k)  # (B, T)
+        if heads is not None:
+            target = torch.where(target == IGNORE_INDEX, IGNORE_INDEX, heads.to_head_index(target))
         keep = target != IGNORE_INDEX
         if not keep.any():
             accuracies.append(torch.tensor(float("nan")))

@@ -58,12 +58,17 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
         self.base = base
         self.config = config
-        if token_ids is not None:
+        if heads is not None:
+            if token_ids is not None:
+                raise ValueError("Pass `token_ids` for fresh heads only; existing `heads` carry their own vocabulary.")
+            config.head_vocab_size = None if heads.token_ids is None else heads.head_vocab_size
+        elif token_ids is not None:
             config.head_vocab_size = len(token_ids)
-        elif config.head_vocab_size is not None and heads is None:
-            if config.head_vocab_size > vocab:
-                raise ValueError(f"head_vocab_size {config.head_vocab_size} exceeds the base's {vocab} logits.")
-            token_ids = torch.arange(config.head_vocab_size)  # a placeholder: the checkpoint holds the real ids
+        elif config.head_vocab_size is not None:
+            raise ValueError(
+                f"head_vocab_size={config.head_vocab_size} needs the ids the heads may propose: pass `token_ids=` "
+                "(e.g. hf_specdec.vocab.frequent_tokens of the training labels)."
+            )
         if heads is None:
             heads = MedusaHeads(config.num_heads, config.num_layers, hidden, vocab, config.share_lm_head, token_ids)
             heads.init_projections_from(base.get_output_embeddings())
@@ -113,12 +118,18 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             if not config.base_model_name_or_path:
                 raise ValueError("The heads' config names no base model: pass `base_model=`.")
             base_model = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, **base_kwargs)
+        token_ids = state.get("token_ids")
+        if config.head_vocab_size != (None if token_ids is None else token_ids.numel()):
+            raise ValueError(
+                f"The heads' config says head_vocab_size={config.head_vocab_size} but their weights hold "
+                f"{'no' if token_ids is None else token_ids.numel()} token ids: the checkpoint is inconsistent."
+            )
         if (directory / ADAPTER_FOLDER).exists():
             from peft import PeftModel
 
             # Merged once at load: decoding then runs the plain base with the trained weights.
             base_model = PeftModel.from_pretrained(base_model, directory / ADAPTER_FOLDER).merge_and_unload()
-        model = cls(base_model, config)
+        model = cls(base_model, config, token_ids=token_ids)
         missing, unexpected = model.heads.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(
@@ -146,6 +157,11 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             resolved = DraftTree(tree)
         if resolved.depth > self.config.num_heads:
             raise ValueError(f"The tree is {resolved.depth} deep but there are only {self.config.num_heads} heads.")
+        if max(resolved.top_k_per_depth()) > self.heads.head_vocab_size:
+            raise ValueError(
+                f"The tree needs the top {max(resolved.top_k_per_depth())} candidates of a head, but the heads choose "
+                f"from {self.heads.head_vocab_size} tokens: use a narrower tree."
+            )
         return resolved
 
     @torch.no_grad()

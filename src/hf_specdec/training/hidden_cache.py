@@ -6,6 +6,8 @@ so they are computed once per example, stored with `datasets` (float16, on disk)
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from pathlib import Path
 
 import datasets
@@ -38,6 +40,9 @@ def cache_hidden_states(
     if (directory / "dataset_info.json").exists():
         return datasets.load_from_disk(str(directory))
     collate = MedusaCollator(pad_token_id)
+    # Only relabelling reads the logits: otherwise the lm_head runs on one position (a sixth of a Qwen2.5's cost).
+    takes_logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
+    skip_logits = {"logits_to_keep": 1} if takes_logits_to_keep and not relabel else {}
     hidden_size = base.config.get_text_config(decoder=True).hidden_size
 
     def add_hidden(batch: dict[str, list]) -> dict[str, list]:
@@ -49,6 +54,7 @@ def cache_hidden_states(
             input_ids=padded["input_ids"].to(base.device),
             attention_mask=padded["attention_mask"].to(base.device),
             output_hidden_states=True,
+            **skip_logits,
         )
         states = out.hidden_states[-1].to(torch.float16).cpu()
         columns = {"hidden_states": [s[: len(i)].numpy() for s, i in zip(states, batch["input_ids"], strict=True)]}
@@ -59,8 +65,16 @@ def cache_hidden_states(
 
     features = tokenized.features.copy()
     features["hidden_states"] = datasets.Array2D(shape=(None, hidden_size), dtype="float16")
+    # An explicit fingerprint: by default `datasets` would hash `add_hidden`, pickling the whole base with it
+    # (tens of GB of memory for a 1.5B model).
+    fingerprint = f"{tokenized._fingerprint}-{directory.name}-hidden"
     with_hidden = tokenized.map(
-        add_hidden, batched=True, batch_size=batch_size, features=features, desc="caching base hidden states"
+        add_hidden,
+        batched=True,
+        batch_size=batch_size,
+        features=features,
+        desc="caching base hidden states",
+        new_fingerprint=hashlib.sha256(fingerprint.encode()).hexdigest()[:16],
     )
     with_hidden.save_to_disk(str(directory))
     return datasets.load_from_disk(str(directory))

@@ -3,6 +3,7 @@ metrics, checkpoint and model card. `recipes/train_medusa.py` wires command-line
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,7 +107,9 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             )
         tokenized = tokenize_records(records, tokenizer, config.max_length)
         if config.cache_hidden_states:
-            name = tokenized._fingerprint + ("-relabeled" if config.relabel_with_base else "")
+            # The states (and relabelled labels) depend on the base and its dtype as well as on the data.
+            base_id = hashlib.sha256(f"{base.name_or_path}|{base.dtype}".encode()).hexdigest()[:8]
+            name = f"{tokenized._fingerprint}-{base_id}" + ("-relabeled" if config.relabel_with_base else "")
             tokenized = cache_hidden_states(
                 base,
                 tokenized,

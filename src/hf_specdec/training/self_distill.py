@@ -7,6 +7,7 @@ bar, and appends to a JSONL file as it goes, so an interrupted run resumes where
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,13 @@ def self_distill_with_states(
     `(seq, hidden)` float16 (the base's last hidden states, after its final norm; zero at the last token, whose
     state no label needs). Greedy, as heads serving greedy decoding should learn.
     """
-    directory = Path(directory)
     todo = [(i, m) for i, r in enumerate(records) if (m := prompt_messages(r)) is not None]
+    if not todo:
+        raise ValueError("No record has a user turn to reply to: nothing to self-distill.")
+    # Shards are reused only by a run with the same base, data and settings.
+    settings = [base.name_or_path, str(base.dtype), records._fingerprint, max_new_tokens, batch_size, max_length]
+    settings.append(getattr(tokenizer, "chat_template", None))
+    directory = Path(directory) / hashlib.sha256(json.dumps(settings, default=str).encode()).hexdigest()[:16]
     hidden_size = base.config.get_text_config(decoder=True).hidden_size
     features = datasets.Features(
         {
@@ -116,7 +122,7 @@ def self_distill_with_states(
     shards = []
     try:
         for start in tqdm(range(0, len(todo), batch_size), desc="self-distillation", unit="batch"):
-            shard = directory / f"shard-{start:07d}-{batch_size}"
+            shard = directory / f"shard-{start:07d}"
             if not (shard / "dataset_info.json").exists():
                 batch = todo[start : start + batch_size]
                 texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for _, m in batch]
@@ -128,6 +134,7 @@ def self_distill_with_states(
                     pad_token_id=tokenizer.pad_token_id,
                     output_hidden_states=True,
                     return_dict_in_generate=True,
+                    prefill_chunk_size=None,  # the first step's states must cover the whole prompt
                 )
                 rows = _rows_with_states(inputs["attention_mask"], out.sequences, out.hidden_states, eos_ids)
                 if max_length is not None:
@@ -146,6 +153,8 @@ def _rows_with_states(
     prompt_length = attention_mask.shape[1]
     # steps[0]: the prompt's layers (B, P, H); then one (B, 1, H) per generated token fed back.
     states = torch.cat([steps[0][-1], *(step[-1] for step in steps[1:])], dim=1)  # (B, P + G - 1, H)
+    if states.shape[1] != sequences.shape[1] - 1:
+        raise RuntimeError(f"Generation returned {states.shape[1]} states for {sequences.shape[1]} tokens.")
     rows = []
     for b in range(sequences.shape[0]):
         first = int((attention_mask[b] == 0).sum())  # left padding

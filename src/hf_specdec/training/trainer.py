@@ -95,8 +95,10 @@ class MedusaTrainer(Trainer):
             loss, outputs = self.compute_loss(self.model, self._prepare_inputs(inputs), return_outputs=True)
             losses.append(float(loss))
             for k, (logits, targets) in enumerate(outputs["heads"]):
-                top = logits.topk(TOP_K, dim=-1).indices  # (M, TOP_K)
-                hits[k] += (top == targets[:, None]).long().cumsum(dim=1).clamp_max(1).sum(dim=0).cpu().float()
+                top = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1).indices  # (M, <= TOP_K)
+                found = (top == targets[:, None]).long().cumsum(dim=1).clamp_max(1).sum(dim=0).cpu().float()
+                hits[k, : found.numel()] += found
+                hits[k, found.numel() :] += found[-1] if found.numel() else 0.0
                 counts[k] += targets.numel()
         top = hits / counts.clamp_min(1)[:, None]  # (K, TOP_K) top-r accuracy
         metrics = {f"{metric_key_prefix}_loss": sum(losses) / max(len(losses), 1)}
