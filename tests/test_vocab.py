@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss_from_hidden
 from hf_specdec.vocab import check_token_ids, count_tokens, frequent_tokens, vocab_index
-from tests.tiny_models import VOCAB, ragged_batch, tiny_model
+from tests.tiny_models import VOCAB, ragged_batch, tiny_model, tiny_target
 
 
 def test_counts_skip_ignored_labels_and_refuse_ids_past_the_vocabulary() -> None:
@@ -89,3 +91,37 @@ def test_greedy_identity_save_and_load_with_a_draft_vocabulary(tmp_path) -> None
     assert reloaded.heads.to_head_index(token_ids).tolist() == list(range(24))
     out = reloaded.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False, medusa=True)
     assert torch.equal(out, plain)
+
+
+def test_float32_heads_decode_on_a_bfloat16_base() -> None:
+    """Training leaves heads in float32 on a bfloat16 base; decoding with them straight away must work."""
+    base = tiny_model("llama", seed=0, sharpen=4.0).to(torch.bfloat16)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2), token_ids=torch.arange(0, VOCAB, 2))
+    model.heads.float()
+    ids, mask = ragged_batch(2, seed=1)
+    plain = base.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, medusa=True)
+    assert out.shape == plain.shape
+
+
+def test_vocabulary_errors(tmp_path) -> None:
+    base = tiny_model("llama", seed=0)
+    with pytest.raises(ValueError, match="pass `token_ids=`"):
+        MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, head_vocab_size=8))
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2), token_ids=torch.arange(4))
+    with pytest.raises(ValueError, match="narrower tree"):
+        model.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=3, medusa=True, tree=[[0], [4]])
+    with pytest.raises(ValueError, match="existing `heads`"):
+        MedusaForCausalLM(base, MedusaConfig(num_heads=2), heads=model.heads, token_ids=torch.arange(4))
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "medusa_config.json").read_text())
+    (tmp_path / "medusa_config.json").write_text(json.dumps({**config, "head_vocab_size": 5}))
+    with pytest.raises(ValueError, match="inconsistent"):
+        MedusaForCausalLM.from_pretrained(tmp_path, base_model=base)
+
+
+def test_assistant_vocab_refused_for_drafts_that_rescale_their_logits() -> None:
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1)
+    draft.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        target.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=3, assistant=draft, assistant_vocab=[1, 3])
