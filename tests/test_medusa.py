@@ -138,3 +138,18 @@ def test_prefix_reading_processors_see_each_paths_prefix(processing: dict) -> No
     out = _generate(model, ids, mask, medusa=True, tree="medium", return_dict_in_generate=True, **kwargs)
     assert torch.equal(out.sequences, _generate(base, ids, mask, **kwargs))
     assert out.speculative.summary()["tau"] > 1.3
+
+
+def test_trees_sized_from_measured_accuracies() -> None:
+    base = tiny_model("llama", seed=0, sharpen=4.0)
+    measured = [[0.6, 0.2, 0.1], [0.3, 0.2, 0.1], [0.1, 0.05, 0.0]]
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, measured_accuracy=measured))
+    tree = model.sized_tree(4)
+    assert tree.num_nodes == 5  # the root and 4 candidates
+    assert set(tree.choices) == {(0,), (1,), (0, 0), (0, 1)}  # the four likeliest paths: .6, .2, .18, .12
+    assert set(tree.choices) <= set(model.sized_tree(6).choices)
+    ids, mask = ragged_batch(2, seed=5)
+    plain = _generate(base, ids, mask)
+    assert torch.equal(_generate(model, ids, mask, medusa=True, tree=4), plain)
+    with pytest.raises(ValueError, match="positive number"):
+        model.sized_tree(0)

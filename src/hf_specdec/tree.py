@@ -179,6 +179,10 @@ def preset_tree(name: str, num_heads: int) -> DraftTree:
         return DraftTree.chain(num_heads)
     if name not in PRESET_SIZES:
         raise ValueError(f"Unknown tree preset {name!r}; choose from {['chain', *PRESET_SIZES]}.")
+    return build_tree(typical_accuracies(num_heads), PRESET_SIZES[name])
+
+
+def typical_accuracies(num_heads: int) -> list[list[float]]:
+    """Per-rank accuracies of typical trained heads (the presets' model), for at most as many heads as known."""
     depth = min(num_heads, len(_TYPICAL_TOP1))
-    accuracies = [[top1 * 0.45**rank for rank in range(8)] for top1 in _TYPICAL_TOP1[:depth]]
-    return build_tree(accuracies, PRESET_SIZES[name])
+    return [[top1 * 0.45**rank for rank in range(8)] for top1 in _TYPICAL_TOP1[:depth]]

@@ -58,6 +58,7 @@ METHODS: dict[str, Method] = {
         Method("specdec-vocab", "specdec", {"assistant": "{draft}", "assistant_vocab": "{draft_vocab}"}),
         Method("medusa", "medusa", {"medusa": True}),
         Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
+        Method("medusa-8", "medusa", {"medusa": True, "tree": 8}),
         Method(
             "specdec-k4",
             "specdec",

@@ -27,6 +27,8 @@ class MedusaConfig:
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
             the preset `"medium"` cut to the number of heads.
         measured_top1 (`list[float]`, *optional*): per-head top-1 accuracy measured after training.
+        measured_accuracy (`list[list[float]]`, *optional*): per head, the share of positions where its rank-r
+            candidate is right, for r = 0, 1, ...: what `tree=<number of nodes>` builds the best tree from.
     """
 
     num_heads: int = 4
@@ -38,6 +40,7 @@ class MedusaConfig:
     base_model_name_or_path: str | None = None
     tree: list[list[int]] | None = None
     measured_top1: list[float] | None = None
+    measured_accuracy: list[list[float]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

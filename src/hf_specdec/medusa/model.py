@@ -15,7 +15,7 @@ from transformers.utils import PushToHubMixin
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import MedusaHeads
-from hf_specdec.tree import DraftTree, preset_tree
+from hf_specdec.tree import DraftTree, build_tree, preset_tree, typical_accuracies
 from hf_specdec.validation import check_generation_config, output_vocab_size
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
@@ -146,9 +146,21 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             return DraftTree(self.config.tree)
         return preset_tree("medium", self.config.num_heads)
 
-    def _resolve_tree(self, tree: DraftTree | str | list[list[int]] | None) -> DraftTree:
+    def sized_tree(self, num_nodes: int) -> DraftTree:
+        """The tree of `num_nodes` candidates (besides the root, the base's own next token) with the longest
+        expected accepted path for the heads' measured accuracies (`config.measured_accuracy`, filled in by
+        training; the presets' typical accuracies for heads without measurements). Size it to the hardware:
+        on a CPU verifying 8 tokens costs about what 1 costs, on a GPU 64 or more."""
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"A tree size is a positive number of candidate nodes, got {num_nodes!r}.")
+        accuracies = self.config.measured_accuracy or typical_accuracies(self.config.num_heads)
+        return build_tree(accuracies[: self.config.num_heads], num_nodes)
+
+    def _resolve_tree(self, tree: DraftTree | str | int | list[list[int]] | None) -> DraftTree:
         if tree is None:
             resolved = self.default_tree()
+        elif isinstance(tree, int) and not isinstance(tree, bool):
+            resolved = self.sized_tree(tree)
         elif isinstance(tree, DraftTree):
             resolved = tree
         elif isinstance(tree, str):
@@ -169,7 +181,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         self,
         *args: Any,
         medusa: bool = False,
-        tree: DraftTree | str | list[list[int]] | None = None,
+        tree: DraftTree | str | int | list[list[int]] | None = None,
         medusa_acceptance: str = "exact",
         typical_epsilon: float = 0.09,
         typical_delta: float = 0.3,
@@ -179,8 +191,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
 
         Args:
             medusa (`bool`): decode with the heads and a verification tree.
-            tree: a `DraftTree`, a preset name (`"chain"`, `"small"`, `"medium"`, `"large"`, `"xlarge"`) or
-                Medusa choices; default: the config's tree, else `"medium"`.
+            tree: a `DraftTree`, a preset name (`"chain"`, `"small"`, `"medium"`, `"large"`, `"xlarge"`), Medusa
+                choices, or a number of candidate nodes (the best tree of that size for the heads' measured
+                accuracies, see `sized_tree`); default: the config's tree, else `"medium"`.
             medusa_acceptance (`str`): `"exact"` (lossless: greedy identity, or the target's distribution when
                 sampling) or `"typical"` (Medusa's typical acceptance, **lossy**, sampling only).
             typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.

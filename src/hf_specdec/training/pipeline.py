@@ -156,6 +156,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     if split is not None:
         metrics = trainer.evaluate()
         medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(config.num_heads)]
+        medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in trainer.last_accuracy]
         medusa_config.tree = [list(path) for path in trainer.last_tree.choices]
         medusa_config.extra.update(
             training_data=config.data,

@@ -106,6 +106,7 @@ class MedusaTrainer(Trainer):
             metrics[f"{metric_key_prefix}_head{k}_top1"] = float(top[k, 0])
             metrics[f"{metric_key_prefix}_head{k}_top5"] = float(top[k, -1])
         per_rank = torch.cat([top[:, :1], top[:, 1:] - top[:, :-1]], dim=1).clamp_min(0).tolist()
+        self.last_accuracy = per_rank
         self.last_tree = build_tree(per_rank, self.tree_nodes)
         metrics[f"{metric_key_prefix}_expected_tau"] = 1.0 + expected_accepted_length(self.last_tree, per_rank)
         self.log(metrics)
