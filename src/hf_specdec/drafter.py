@@ -85,10 +85,12 @@ class DraftModelDrafter:
             return self._to_target_vocab(outputs.logits[:, -1:].float())
         assert self.token_ids is not None
         weight, bias = self._projection
-        last = outputs.last_hidden_state[:, -1:]
-        restricted = functional.linear(last.to(weight.device), weight, bias).float().to(last.device)  # (A, 1, S)
-        logits = restricted.new_full((*restricted.shape[:-1], self.target_vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.token_ids.to(last.device), restricted)
+        # 2D on purpose: a (A, 1, H) slice of a wider output keeps its batch stride, and torch's CPU bf16 linear
+        # takes a path 20x slower for such inputs when the weight is a plain tensor (torch 2.13).
+        last = outputs.last_hidden_state[:, -1]  # (A, H)
+        restricted = functional.linear(last.to(weight.device), weight, bias).float().to(last.device)  # (A, S)
+        logits = restricted.new_full((restricted.shape[0], self.target_vocab_size), float("-inf"))
+        return logits.index_copy_(-1, self.token_ids.to(last.device), restricted)[:, None]  # (A, 1, V)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Cut or pad draft logits `(..., vocab_draft)` to the target's vocabulary size."""
