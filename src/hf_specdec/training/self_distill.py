@@ -15,7 +15,7 @@ from typing import Any
 import datasets
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
@@ -32,6 +32,15 @@ def prompt_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
             break
         prompt.append(message)
     return prompt if any(m["role"] == "user" for m in prompt) else None
+
+
+def _prompt_batch(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[dict[str, str]]], device: torch.device
+) -> BatchEncoding:
+    """Prompts rendered with the chat template up to the assistant's turn, left-padded (the caller sets
+    the tokenizer's padding side)."""
+    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
 
 
 @torch.no_grad()
@@ -66,8 +75,7 @@ def self_distill(
         with output_file.open("a") as sink:
             for start in tqdm(range(0, len(todo), batch_size), desc="self-distillation", unit="batch"):
                 batch = todo[start : start + batch_size]
-                texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for _, m in batch]
-                inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(base.device)
+                inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
                 sampling = {"do_sample": True, "temperature": temperature} if do_sample else {"do_sample": False}
                 out = base.generate(
                     **inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
@@ -125,8 +133,7 @@ def self_distill_with_states(
             shard = directory / f"shard-{start:07d}"
             if not (shard / "dataset_info.json").exists():
                 batch = todo[start : start + batch_size]
-                texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for _, m in batch]
-                inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(base.device)
+                inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
                 out = base.generate(
                     **inputs,
                     max_new_tokens=max_new_tokens,
