@@ -16,6 +16,12 @@ def output_vocab_size(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
+def eos_token_ids(model: PreTrainedModel) -> list[int]:
+    """The model's end-of-sequence ids from its generation config, as a list (empty when it has none)."""
+    eos = model.generation_config.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
 def check_models(
     target: PreTrainedModel,
     draft: PreTrainedModel,

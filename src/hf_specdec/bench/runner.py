@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt
 from hf_specdec.demo import chat_inputs
+from hf_specdec.validation import eos_token_ids
 
 # A bf16 forward over several tokens rounds differently from one over a single token; a divergence from
 # plain greedy at a logit gap below this is a numerical tie, above it a bug (shared/GUIDE.md, Measuring).
@@ -178,8 +179,7 @@ def run_benchmark(
         draft_vocab = sharegpt_draft_vocabulary(tokenizer)
     if draft_vocab is not None:
         result.settings["draft_vocab_size"] = draft_vocab.numel()
-    eos = target.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    eos = eos_token_ids(target)
     generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     warm = chat_inputs(tokenizer, [p.text for p in batches[0]])

@@ -17,7 +17,7 @@ from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
 from hf_specdec.training.self_distill import self_distill, self_distill_with_states
 from hf_specdec.training.trainer import MedusaTrainer
-from hf_specdec.validation import output_vocab_size
+from hf_specdec.validation import eos_token_ids, output_vocab_size
 from hf_specdec.vocab import count_tokens, frequent_tokens
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
@@ -176,7 +176,5 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
 def _draft_vocabulary(labels: list[list[int]], base: PreTrainedModel, size: int) -> tuple[torch.Tensor, float]:
     """The `size` most frequent label tokens (end-of-sequence ids always in), and the share of labels they hold."""
     counts = count_tokens(labels, output_vocab_size(base))
-    eos = base.generation_config.eos_token_id
-    always = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    token_ids = frequent_tokens(counts, size, always)
+    token_ids = frequent_tokens(counts, size, eos_token_ids(base))
     return token_ids, float(counts[token_ids].sum() / counts.sum().clamp_min(1))

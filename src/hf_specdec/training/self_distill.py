@@ -19,6 +19,7 @@ from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
+from hf_specdec.validation import eos_token_ids
 
 
 def prompt_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
@@ -124,8 +125,7 @@ def self_distill_with_states(
             "hidden_states": datasets.Array2D(shape=(None, hidden_size), dtype="float16"),
         }
     )
-    eos = base.generation_config.eos_token_id
-    eos_ids = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+    eos_ids = torch.tensor(eos_token_ids(base), dtype=torch.long)
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     shards = []
     try:
