@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss_from_hidden
-from hf_specdec.vocab import check_token_ids, count_tokens, frequent_tokens, vocab_index
+from hf_specdec.vocab import VocabularyRows, check_token_ids, count_tokens, frequent_tokens, vocab_index
 from tests.tiny_models import VOCAB, ragged_batch, tiny_model, tiny_target
 
 
@@ -125,3 +126,20 @@ def test_assistant_vocab_refused_for_drafts_that_rescale_their_logits() -> None:
     draft.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         target.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=3, assistant=draft, assistant_vocab=[1, 3])
+
+
+def test_vocabulary_rows_are_gathered_once_and_again_when_anything_changes() -> None:
+    lm_head = torch.nn.Linear(4, 10, bias=False).requires_grad_(False)
+    rows = VocabularyRows()
+    ids = torch.tensor([1, 3])
+    first, _ = rows(lm_head, ids)
+    assert torch.equal(first, lm_head.weight[ids]) and rows(lm_head, ids.clone())[0] is first  # cached
+    ids[0] = 2  # the caller's tensor changes in place: the cache must not follow it silently
+    assert torch.equal(rows(lm_head, ids)[0], lm_head.weight[torch.tensor([2, 3])])
+    with torch.no_grad():
+        lm_head.weight.add_(1.0)  # in-place weight update
+    assert torch.equal(rows(lm_head, ids)[0], lm_head.weight[ids])
+    assert rows(lm_head, ids, torch.float64)[0].dtype == torch.float64
+    assert pickle.loads(pickle.dumps(rows))._rows is None
+    with pytest.raises(ValueError, match="linear projection"):
+        rows(torch.nn.Identity(), ids)

@@ -8,7 +8,10 @@ and then drafts autoregressively, so no token is ever recomputed.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch import nn
 from torch.nn import functional
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
@@ -18,7 +21,8 @@ from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.processing import RaggedLogitsProcessor
 from hf_specdec.sequences import TokenBuffer
-from hf_specdec.vocab import check_token_ids
+from hf_specdec.validation import output_vocab_size
+from hf_specdec.vocab import VocabularyRows, check_token_ids
 
 
 class DraftModelDrafter:
@@ -199,14 +203,9 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 def _restricted_head(
     model: PreTrainedModel, token_ids: torch.Tensor, target_vocab_size: int
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]:
-    """Validate a draft vocabulary and gather the draft lm_head's rows for it, once."""
+    """Validate a draft vocabulary and the draft's lm_head rows for it (gathered once per draft and
+    vocabulary, not at every `generate()` call)."""
     lm_head = model.get_output_embeddings()
-    weight = getattr(lm_head, "weight", None)
-    if weight is None or weight.dim() != 2 or weight.device.type == "meta":
-        raise ValueError(
-            f"`assistant_vocab` needs a draft whose output layer is a loaded linear projection; "
-            f"{type(model).__name__}'s is {type(lm_head).__name__}. Drop `assistant_vocab`."
-        )
     config = model.config.get_text_config(decoder=True)
     for name in LOGIT_TRANSFORMS:
         if getattr(config, name, None) not in (None, 1.0):
@@ -214,8 +213,11 @@ def _restricted_head(
                 f"The draft rescales its logits after the lm_head (`{name}` in its config), which `assistant_vocab` "
                 "would skip, making its sampling distribution wrong for acceptance: drop `assistant_vocab`."
             )
-    token_ids = check_token_ids(token_ids, min(weight.shape[0], target_vocab_size), "`assistant_vocab`")
-    token_ids = token_ids.to(weight.device)
-    bias = getattr(lm_head, "bias", None)
-    rows = weight.detach()[token_ids], None if bias is None else bias.detach()[token_ids]
-    return token_ids, rows
+    token_ids = check_token_ids(token_ids, min(output_vocab_size(model), target_vocab_size), "`assistant_vocab`")
+    rows = _DRAFT_ROWS.setdefault(lm_head, VocabularyRows())
+    weight, bias = rows(lm_head, token_ids)
+    return token_ids.to(weight.device), (weight, bias)
+
+
+# One cache of gathered rows per draft lm_head, kept as long as the draft lives.
+_DRAFT_ROWS: weakref.WeakKeyDictionary[nn.Module, VocabularyRows] = weakref.WeakKeyDictionary()

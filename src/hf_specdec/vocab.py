@@ -9,10 +9,12 @@ vocabulary and emits what it would have emitted; a token outside the subset can 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -96,3 +98,50 @@ def draft_vocabulary(
     encoded = (ids for chunk in chunks for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"])
     counts = count_tokens(encoded, len(tokenizer))
     return frequent_tokens(counts, size, [*always, *tokenizer.all_special_ids])
+
+
+class VocabularyRows:
+    """An output projection's rows for a draft vocabulary, gathered (and cast) once: again only when the
+    weights change in place or are replaced, or another vocabulary or dtype is asked for; at every call while
+    the weights train. One instance serves one projection (Medusa heads, or a draft model across calls)."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._ids: torch.Tensor | None = None
+        self._rows: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"_key": None, "_ids": None, "_rows": None}  # a copy starts empty (weak references do not pickle)
+
+    def __call__(
+        self, lm_head: nn.Module, token_ids: torch.Tensor | None, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(weight, bias)` of `lm_head` restricted to `token_ids` (all rows when `None`), in `dtype` (default:
+        the weights' own)."""
+        weight, bias = getattr(lm_head, "weight", None), getattr(lm_head, "bias", None)
+        if weight is None or weight.dim() != 2 or weight.device.type == "meta":
+            raise ValueError(
+                f"A draft vocabulary needs the output layer's weights, loaded, as a linear projection; "
+                f"{type(lm_head).__name__} has none here (not linear, or offloaded)."
+            )
+        ids = None if token_ids is None else token_ids.to(weight.device)
+        dtype = weight.dtype if dtype is None else dtype
+
+        def gather(tensor: torch.Tensor) -> torch.Tensor:
+            return (tensor if ids is None else tensor[ids]).to(dtype)
+
+        if weight.requires_grad and torch.is_grad_enabled():
+            return gather(weight), None if bias is None else gather(bias)
+        key = (weight._version, dtype)
+        cached = self._rows is not None and self._key is not None and self._key[0]() is weight
+        if not (cached and self._key[1:] == key and _same_ids(self._ids, ids)):
+            self._key, self._ids = (weakref.ref(weight), *key), None if ids is None else ids.clone()
+            self._rows = gather(weight.detach()), None if bias is None else gather(bias.detach())
+        assert self._rows is not None
+        return self._rows
+
+
+def _same_ids(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(torch.equal(a, b))

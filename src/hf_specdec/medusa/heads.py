@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 from torch.nn import functional
 
-from hf_specdec.vocab import check_token_ids, vocab_index
+from hf_specdec.vocab import VocabularyRows, check_token_ids, vocab_index
 
 
 class ResBlock(nn.Module):
@@ -70,7 +68,7 @@ class MedusaHeads(nn.Module):
             if share_lm_head
             else nn.ModuleList(nn.Linear(hidden_size, outputs, bias=False) for _ in range(num_heads))
         )
-        self._shared_rows: tuple[tuple, torch.Tensor | None, torch.Tensor | None] | None = None
+        self._shared_rows = VocabularyRows()  # the base lm_head's rows for `token_ids`, gathered once
 
     def _reindex(self) -> None:
         """Rebuild the id-to-position map after the draft vocabulary was loaded."""
@@ -80,7 +78,6 @@ class MedusaHeads(nn.Module):
         ):
             raise ValueError("A heads' vocabulary must hold increasing token ids (their projections' row order).")
         self._index = vocab_index(self.token_ids, self.vocab_size).to(self.token_ids.device)
-        self._shared_rows = None
 
     @property
     def num_heads(self) -> int:
@@ -114,29 +111,6 @@ class MedusaHeads(nn.Module):
             return token_ids.clamp_min(-1)
         return torch.where(token_ids >= 0, self._index[token_ids.clamp_min(0)], -1)
 
-    def _shared_projection(
-        self, lm_head: nn.Module, dtype: torch.dtype
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The base lm_head's rows of the draft vocabulary in `dtype`, gathered and cast once (again only when
-        the weights change; at every call while they train)."""
-        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-        if weight.device.type == "meta":
-            raise ValueError("The base's lm_head is offloaded (meta weights): heads with a vocabulary need it loaded.")
-        ids = None if self.token_ids is None else self.token_ids.to(weight.device)
-
-        def rows(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            if tensor is None:
-                return None
-            return (tensor if ids is None else tensor[ids]).to(dtype)
-
-        if weight.requires_grad and torch.is_grad_enabled():
-            return rows(weight), rows(bias)
-        cached = self._shared_rows
-        if cached is None or cached[0][0]() is not weight or cached[0][1:] != (weight._version, dtype, ids is None):
-            key = (weakref.ref(weight), weight._version, dtype, ids is None)
-            cached = self._shared_rows = (key, rows(weight.detach()), rows(None if bias is None else bias.detach()))
-        return cached[1], cached[2]
-
     def head(self, k: int, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits `(..., head_vocab_size)` of head `k` on hidden states `(..., hidden)`, in the heads' dtype (they
         may keep their own, e.g. float32 ones trained on a bfloat16 base)."""
@@ -147,7 +121,7 @@ class MedusaHeads(nn.Module):
             return self.projections[k](state)
         if self.token_ids is None and lm_head.weight.dtype == state.dtype:
             return lm_head(state)  # the module itself, with any hooks (device placement, sharding)
-        weight, bias = self._shared_projection(lm_head, state.dtype)
+        weight, bias = self._shared_rows(lm_head, self.token_ids, state.dtype)
         return functional.linear(state.to(weight.device), weight, bias).to(state.device)
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
