@@ -1,10 +1,57 @@
-"""Chi-square goodness of fit for sampled token sequences, shared by the statistical tests."""
+"""Chi-square goodness of fit for sampled token sequences, and the exact distributions they are tested
+against, shared by the statistical tests."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 from scipy.stats import chisquare
+from transformers import (
+    LogitsProcessorList,
+    PreTrainedModel,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+
+def sampling_warpers(temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
+    """The warpers `generate(do_sample=True)` builds, in transformers' order
+    (`GenerationMixin._get_logits_processor`: temperature, top-k, top-p)."""
+    processors = LogitsProcessorList()
+    if temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        processors.append(TopKLogitsWarper(top_k=top_k))
+    if top_p is not None and top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p=top_p))
+    return processors
+
+
+@torch.no_grad()
+def exact_joint(
+    model: PreTrainedModel, prompt: tuple[int, ...], processors: LogitsProcessorList, vocab: int, num_tokens: int
+) -> torch.Tensor:
+    """The model's exact distribution over its next `num_tokens` tokens after `prompt`, by enumeration.
+
+    Returns a float64 tensor of shape `(vocab,) * num_tokens`: entry `[t1, ..., tn]` is P(t1, ..., tn | prompt).
+    """
+    sequences = torch.tensor([prompt])  # (prefixes, length); prefix i spells i in base `vocab`
+    joint = torch.ones(1, dtype=torch.float64)
+    for _ in range(num_tokens):
+        logits = model(sequences).logits[:, -1].float()  # (prefixes, V)
+        probs = torch.softmax(processors(sequences, logits).double(), dim=-1)  # (prefixes, V)
+        joint = (joint[:, None] * probs).reshape(-1)
+        tokens = torch.arange(vocab).repeat(sequences.shape[0])[:, None]
+        sequences = torch.cat([sequences.repeat_interleave(vocab, dim=0), tokens], dim=1)
+    return joint.reshape((vocab,) * num_tokens)
+
+
+def marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
+    """Marginal of a joint over `joint.dim()` tokens, keeping the tokens in `columns`."""
+    keep = set(range(joint.dim())[columns])
+    others = tuple(d for d in range(joint.dim()) if d not in keep)
+    return joint.sum(dim=others) if others else joint
 
 
 def chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:

@@ -20,7 +20,7 @@ checks have power against the errors an acceptance rule is likely to contain.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,17 +28,13 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
-    LogitsProcessorList,
     PreTrainedModel,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
 import hf_specdec
 import hf_specdec.decoding
 from hf_specdec.acceptance import residual_distribution, speculative_sampling
-from tests.goodness_of_fit import chisquare_pvalue
+from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sampling_warpers
 
 VOCAB = 8
 PAD = 0
@@ -72,16 +68,6 @@ CHECKS = (
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: these tiny models run ~0.3 s per generate() call single-threaded, but can take
-    20x longer with 2 threads on a busy 2-core machine (threads spin-waiting on each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _tiny_llama(seed: int, num_layers: int, sharpen: float) -> PreTrainedModel:
     """A seeded random Llama over VOCAB tokens in float32; `sharpen` scales the output layer (peakier)."""
     torch.manual_seed(seed)
@@ -110,52 +96,14 @@ def _models() -> tuple[PreTrainedModel, PreTrainedModel]:
     return target, draft
 
 
-def _warpers(temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
-    """The warpers `generate(do_sample=True)` builds, in transformers' order
-    (`GenerationMixin._get_logits_processor`: temperature, top-k, top-p)."""
-    processors = LogitsProcessorList()
-    if temperature != 1.0:
-        processors.append(TemperatureLogitsWarper(temperature))
-    if top_k:
-        processors.append(TopKLogitsWarper(top_k=top_k))
-    if top_p is not None and top_p < 1.0:
-        processors.append(TopPLogitsWarper(top_p=top_p))
-    return processors
-
-
-@torch.no_grad()
-def _exact_joint(model: PreTrainedModel, prompt: tuple[int, ...], processors: LogitsProcessorList) -> torch.Tensor:
-    """The model's exact distribution over its next MAX_NEW tokens, by enumeration.
-
-    Returns a float64 tensor of shape `(VOCAB,) * MAX_NEW`: entry `[t1, ..., tn]` is P(t1, ..., tn | prompt).
-    """
-    sequences = torch.tensor([prompt])  # (prefixes, length); prefix i spells i in base VOCAB
-    joint = torch.ones(1, dtype=torch.float64)
-    for _ in range(MAX_NEW):
-        logits = model(sequences).logits[:, -1].float()  # (prefixes, V)
-        scores = processors(sequences, logits)
-        probs = torch.softmax(scores.double(), dim=-1)  # (prefixes, V)
-        joint = (joint[:, None] * probs).reshape(-1)
-        tokens = torch.arange(VOCAB).repeat(sequences.shape[0])[:, None]
-        sequences = torch.cat([sequences.repeat_interleave(VOCAB, dim=0), tokens], dim=1)
-    return joint.reshape((VOCAB,) * MAX_NEW)
-
-
-def _marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
-    """Marginal of a `(VOCAB,) * MAX_NEW` joint over the generated tokens in `columns`."""
-    keep = set(range(MAX_NEW)[columns])
-    others = tuple(d for d in range(MAX_NEW) if d not in keep)
-    return joint.sum(dim=others) if others else joint
-
-
 @functools.cache
 def _target_joint(prompt: tuple[int, ...], mode: str) -> torch.Tensor:
-    return _exact_joint(_models()[0], prompt, _warpers(**SAMPLING[mode]))
+    return exact_joint(_models()[0], prompt, sampling_warpers(**SAMPLING[mode]), VOCAB, MAX_NEW)
 
 
 @functools.cache
 def _draft_joint(prompt: tuple[int, ...], mode: str) -> torch.Tensor:
-    return _exact_joint(_models()[1], prompt, _warpers(**SAMPLING[mode]))
+    return exact_joint(_models()[1], prompt, sampling_warpers(**SAMPLING[mode]), VOCAB, MAX_NEW)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,7 +154,7 @@ def _cached_samples(
 
 
 def _pvalues(samples: torch.Tensor, joint: torch.Tensor) -> dict[str, float]:
-    return {name: chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in CHECKS}
+    return {name: chisquare_pvalue(samples[:, cols], marginal(joint, cols)) for name, cols in CHECKS}
 
 
 def _check_acceptance(stats: hf_specdec.SpeculativeStats, num_assistant_tokens: int) -> None:
@@ -271,8 +219,8 @@ def test_negative_control_draft_distribution_is_rejected() -> None:
     would emit. The 1st token comes from the target's prefill, not from a speculative step, so the control
     uses the first speculated token: tokens 1-2 jointly against p_target(t1) * q_draft(t2 | t1)."""
     (samples,), _ = _cached_samples((PROMPT_A,), 2, "plain", seed=1234)
-    target_first = _marginal(_target_joint(PROMPT_A, "plain"), slice(0, 1))  # (V,)
-    draft_pair = _marginal(_draft_joint(PROMPT_A, "plain"), slice(0, 2))  # (V, V)
+    target_first = marginal(_target_joint(PROMPT_A, "plain"), slice(0, 1))  # (V,)
+    draft_pair = marginal(_draft_joint(PROMPT_A, "plain"), slice(0, 2))  # (V, V)
     draft_next = draft_pair / draft_pair.sum(dim=1, keepdim=True)  # q(t2 | t1)
     pvalue = chisquare_pvalue(samples[:, :2], target_first[:, None] * draft_next)
     assert pvalue < POWER_ALPHA, pvalue

@@ -31,7 +31,7 @@ acceptance) must be rejected at p < POWER_ALPHA = 1e-6, so the checks have power
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -39,30 +39,16 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
-    LogitsProcessorList,
-    PreTrainedModel,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
 import hf_specdec.medusa.decoding as medusa_decoding
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import sample_accept_tree, typical_accept_tree
-from tests.goodness_of_fit import chisquare_pvalue
+from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sampling_warpers
 
 ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA
 POWER_ALPHA = 1e-6  # negative controls: a wrong distribution must be rejected at p < POWER_ALPHA
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models are fastest single-threaded on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -70,15 +56,8 @@ def _single_thread() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _marginal(joint: torch.Tensor, columns: slice) -> torch.Tensor:
-    """Marginal of a joint over `joint.dim()` tokens, keeping the tokens in `columns`."""
-    keep = set(range(joint.dim())[columns])
-    others = tuple(d for d in range(joint.dim()) if d not in keep)
-    return joint.sum(dim=others) if others else joint
-
-
 def _pvalues(samples: torch.Tensor, joint: torch.Tensor, checks: tuple[tuple[str, slice], ...]) -> dict[str, float]:
-    return {name: chisquare_pvalue(samples[:, cols], _marginal(joint, cols)) for name, cols in checks}
+    return {name: chisquare_pvalue(samples[:, cols], marginal(joint, cols)) for name, cols in checks}
 
 
 def _locate(node: torch.Tensor, tree: DraftTree) -> torch.Tensor:
@@ -332,34 +311,11 @@ def _medusa() -> MedusaForCausalLM:
     return model.eval()
 
 
-def _warpers(temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
-    """The warpers `generate(do_sample=True)` builds, in transformers' order (temperature, top-k, top-p)."""
-    processors = LogitsProcessorList()
-    if temperature != 1.0:
-        processors.append(TemperatureLogitsWarper(temperature))
-    if top_k:
-        processors.append(TopKLogitsWarper(top_k=top_k))
-    if top_p is not None and top_p < 1.0:
-        processors.append(TopPLogitsWarper(top_p=top_p))
-    return processors
-
-
 @functools.cache
-@torch.no_grad()
 def _target_joint(mode: str) -> torch.Tensor:
     """The base's exact distribution over its next MAX_NEW tokens after PROMPT, by enumeration:
     a float64 tensor `(VOCAB,) * MAX_NEW`."""
-    model: PreTrainedModel = _medusa().base
-    processors = _warpers(**SAMPLING[mode])
-    sequences = torch.tensor([PROMPT])  # (prefixes, length); prefix i spells i in base VOCAB
-    joint = torch.ones(1, dtype=torch.float64)
-    for _ in range(MAX_NEW):
-        logits = model(sequences).logits[:, -1].float()
-        probs = torch.softmax(processors(sequences, logits).double(), dim=-1)
-        joint = (joint[:, None] * probs).reshape(-1)
-        tokens = torch.arange(VOCAB).repeat(sequences.shape[0])[:, None]
-        sequences = torch.cat([sequences.repeat_interleave(VOCAB, dim=0), tokens], dim=1)
-    return joint.reshape((VOCAB,) * MAX_NEW)
+    return exact_joint(_medusa().base, PROMPT, sampling_warpers(**SAMPLING[mode]), VOCAB, MAX_NEW)
 
 
 def _medusa_samples(tree: str, mode: str, seed: int, acceptance: str = "exact") -> tuple[torch.Tensor, dict]:
