@@ -40,3 +40,39 @@ def test_confidence_threshold_stops_when_every_row_is_unsure() -> None:
     policy.start_step()
     assert not policy.should_stop(torch.tensor([[0.6, 0.4], [0.3, 0.7]]))
     assert policy.should_stop(torch.tensor([[0.45, 0.55], [0.52, 0.48]]) * torch.tensor([[0.9, 0.9]]))
+
+
+def test_planned_length_follows_the_measured_acceptance_by_position() -> None:
+    """Without a draft confidence (prompt lookup), the rule runs on the acceptance rates measured at each
+    position: 0.9, then 5/9, then 1/5 given the earlier ones (a little closer to 1/2 with the prior), so
+    expected gains of about 0.86, 0.47 and 0.11."""
+    policy = DraftLengthPolicy(num_tokens=6, cost_ratio=0.0)
+    assert policy.planned_length(rows=1) == 6  # no history and free verification: the prior (1/2) pays
+    for _ in range(200):  # 10 rows drafting 3 tokens: 1 accepts none, 4 accept one, 4 two, 1 all three
+        policy.update(3, torch.tensor([0, 1, 1, 1, 1, 2, 2, 2, 2, 3]))
+    assert [policy.acceptance_rate(j) for j in range(3)] == pytest.approx([0.86, 0.55, 0.23], abs=0.01)
+    assert policy.planned_length(rows=1) == 6  # per-token cost still 0: every position with a gain pays
+    # Verification: 0.2 s for one token per row at batch 4, 0.012 s per extra token: v = 0.06 per token-row.
+    for k in [0, 3, 1, 5, 2] * 4:
+        policy.observe_costs(0.0, 0, 0.2 + 0.012 * (4 * (k + 1) - 4), rows=4, verified_per_row=k + 1)
+    assert policy.cost_ratio == 0.0  # no draft forwards: nothing to learn about their cost
+    assert policy.planned_length(rows=4) == 2  # gains 0.86, 0.47 pay for 4 * 0.06; the third (0.11) does not
+    # One row: 0.11 pays for 0.06; a 4th draft, never measured, would gain 0.11 * 1/2 (the prior): too little.
+    assert policy.planned_length(rows=1) == 3
+
+
+def test_planned_length_returns_to_drafting_after_stopping() -> None:
+    """A drafter that stopped (every position too unlikely) must not stop forever: old counts fade."""
+    policy = DraftLengthPolicy(num_tokens=4, cost_ratio=0.3)
+    for _ in range(50):
+        policy.update(4, torch.zeros(8, dtype=torch.long))
+    assert policy.planned_length(rows=1) == 0
+    for _ in range(60):
+        policy.update(0, torch.zeros(8, dtype=torch.long))
+    assert policy.planned_length(rows=1) >= 1
+
+
+def test_planned_length_is_the_current_length_without_the_adaptive_schedule() -> None:
+    policy = DraftLengthPolicy(num_tokens=5, schedule="constant")
+    policy.update(5, torch.zeros(3, dtype=torch.long))
+    assert policy.planned_length(rows=3) == 5

@@ -34,13 +34,24 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(p.dtype).tiny), p)
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _real_drafts(k: int, num_drafted: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | bool:
+    """`(batch, k)` mask of the drafted tokens that are real (not filler), or `True` when all are."""
+    if num_drafted is None:
+        return True
+    return torch.arange(k, device=like.device)[None, :] < num_drafted.to(like.device)[:, None]
+
+
+def greedy_accept(
+    draft_tokens: torch.Tensor, target_logits: torch.Tensor, num_drafted: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy verification: accept drafted tokens while they equal the target's argmax.
 
     Args:
         draft_tokens (`torch.LongTensor` of shape `(batch, k)`): the drafted tokens.
         target_logits (`torch.Tensor` of shape `(batch, k + 1, vocab)`): the target's (processed) scores at the
             k drafted positions and the one after them.
+        num_drafted (`torch.LongTensor` of shape `(batch,)`, *optional*): how many of the k tokens row b really
+            drafted (the rest is filler, never accepted); default all k.
 
     Returns:
         `(num_accepted, next_token)`: `num_accepted` `(batch,)` in `[0, k]`, the length of the accepted prefix;
@@ -48,7 +59,7 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     """
     target_tokens = target_logits.argmax(dim=-1)  # (B, k+1)
     k = draft_tokens.shape[1]
-    matches = draft_tokens == target_tokens[:, :k]  # (B, k)
+    matches = (draft_tokens == target_tokens[:, :k]) & _real_drafts(k, num_drafted, draft_tokens)  # (B, k)
     num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # (B,)
     next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)  # (B,)
     return num_accepted, next_token
@@ -84,5 +95,47 @@ def speculative_sampling(
     q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # (B, k+1, V); q = 0 makes the residual p
     rows = torch.arange(batch, device=p.device)
     final = residual_distribution(p[rows, num_accepted], q_padded[rows, num_accepted])  # (B, V)
+    next_token = torch.multinomial(final, num_samples=1, generator=generator).squeeze(1)  # (B,)
+    return num_accepted, next_token
+
+
+def point_draft_sampling(
+    draft_tokens: torch.Tensor,
+    p: torch.Tensor,
+    num_drafted: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless speculative sampling for drafts proposed with certainty (q is 1 on each drafted token), such as
+    prompt lookup's: [`speculative_sampling`] with one-hot q, without building q.
+
+    Drafted token x_j is accepted with probability p_j(x_j); after a rejection the residual
+    normalise(max(0, p_j - onehot(x_j))) is p_j without x_j; after the last real draft, the next token is
+    drawn from p itself.
+
+    Args:
+        draft_tokens (`torch.LongTensor` of shape `(batch, k)`): the drafted tokens.
+        p (`torch.Tensor` of shape `(batch, k + 1, vocab)`): target probabilities at each drafted position and
+            the one after them.
+        num_drafted (`torch.LongTensor` of shape `(batch,)`, *optional*): real drafts per row, as in
+            [`greedy_accept`].
+        generator (`torch.Generator`, *optional*): source of randomness, for reproducible runs.
+
+    Returns:
+        `(num_accepted, next_token)` as in [`greedy_accept`].
+    """
+    batch, k = draft_tokens.shape
+    p_x = p[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)  # (B, k)
+    u = torch.rand((batch, k), device=p.device, dtype=p.dtype, generator=generator)  # (B, k)
+    accepted = (u < p_x) & _real_drafts(k, num_drafted, draft_tokens)  # (B, k)
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # (B,)
+
+    rows = torch.arange(batch, device=p.device)
+    final = p[rows, num_accepted].clone()  # (B, V)
+    drafted = num_drafted.to(p.device) if num_drafted is not None else torch.full_like(num_accepted, k)
+    rejected = num_accepted < drafted  # (B,) stopped at a real draft, not after the last one
+    if bool(rejected.any()):
+        rejected_token = draft_tokens.gather(1, num_accepted.clamp_max(max(k - 1, 0))[:, None]).squeeze(1)
+        final[rows[rejected], rejected_token[rejected]] = 0.0
+        final = final / final.sum(dim=-1, keepdim=True)
     next_token = torch.multinomial(final, num_samples=1, generator=generator).squeeze(1)  # (B,)
     return num_accepted, next_token

@@ -2,7 +2,8 @@
 
 `speculative_decode` is handed to transformers' `generate()` as its decoding method, after `generate()` has
 prepared the inputs, the generation config, the logits processors and the stopping criteria exactly as for
-plain decoding. Every row of the batch runs its own acceptance; finished rows leave the batch.
+plain decoding. The drafts come from a draft model (`assistant=`) or from prompt lookup. Every row of the
+batch runs its own acceptance; finished rows leave the batch.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.acceptance import greedy_accept, speculative_sampling
+from hf_specdec.acceptance import greedy_accept, point_draft_sampling, speculative_sampling
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
+from hf_specdec.drafting import Drafter
 from hf_specdec.kv_cache import CachedSequence
+from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
 from hf_specdec.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.processing import RaggedLogitsProcessor
@@ -59,20 +62,22 @@ def speculative_decode(
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     *,
-    assistant: PreTrainedModel,
+    assistant: PreTrainedModel | None = None,
+    prompt_lookup: PromptLookupDrafter | None = None,
     draft_length: DraftLengthPolicy,
     assistant_vocab: torch.Tensor | None = None,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
-    """Generate with a draft model, keeping the target's greedy tokens or its sampling distribution exactly.
+    """Generate with drafted tokens, keeping the target's greedy tokens or its sampling distribution exactly.
 
     Args:
         model (`PreTrainedModel`): the target.
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
-        assistant (`PreTrainedModel`): the draft model.
+        assistant (`PreTrainedModel`, *optional*): the draft model.
+        prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup instead (exactly one of the two).
         draft_length (`DraftLengthPolicy`): how many tokens to draft per step.
         assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
         streamer (`BaseStreamer`, *optional*): receives each step's committed tokens (batch size 1).
@@ -84,6 +89,8 @@ def speculative_decode(
         `torch.LongTensor` `(batch, prompt + new)` on the device of `input_ids`, or a
         `SpeculativeDecoderOnlyOutput` when `return_dict_in_generate=True`.
     """
+    if (assistant is None) == (prompt_lookup is None):
+        raise ValueError("Pass exactly one source of drafts: `assistant=` (a draft model) or `prompt_lookup=`.")
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     input_device, device = input_ids.device, model.device
@@ -105,7 +112,12 @@ def speculative_decode(
     logits = target.forward(input_ids, valid, positions, prompt_structure, logits_to_keep=1).logits[:, -1:].float()
     scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
     first = choose_token(scores[:, 0], do_sample, generator)  # (B,)
-    drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator, assistant_vocab)
+    drafter: Drafter
+    if assistant is not None:
+        drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator, assistant_vocab)
+    else:
+        assert prompt_lookup is not None
+        drafter = prompt_lookup
     drafter.prefill(input_ids, valid, positions)
     emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
     recorder.record(buffer.active, emitted, scores, logits)
@@ -122,7 +134,18 @@ def speculative_decode(
             drafter.select_rows(keep)
             rows = _Rows(rows.next_position[keep], rows.last_token[keep])
         finished = _step(
-            model, target, drafter, buffer, rows, processors, draft_length, stats, streamer, generator, recorder
+            model,
+            target,
+            drafter,
+            buffer,
+            rows,
+            processors,
+            draft_length,
+            stats,
+            streamer,
+            do_sample,
+            generator,
+            recorder,
         )
 
     return finish(buffer, generation_config, stats, streamer, input_device, recorder)
@@ -152,13 +175,14 @@ def finish(
 def _step(
     model: PreTrainedModel,
     target: CachedSequence,
-    drafter: DraftModelDrafter,
+    drafter: Drafter,
     buffer: TokenBuffer,
     rows: _Rows,
     processors: RaggedLogitsProcessor,
     policy: DraftLengthPolicy,
     stats: SpeculativeStats,
     streamer: BaseStreamer | None,
+    do_sample: bool,
     generator: torch.Generator | None,
     recorder: ScoreRecorder,
 ) -> torch.Tensor:
@@ -167,7 +191,8 @@ def _step(
     # Draft: up to k tokens per row; never more than the least advanced row can still commit.
     started = time.perf_counter()
     budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
-    draft_tokens, q = drafter.propose(buffer, rows.next_position, policy, max_tokens=budget)  # (A, k), q | None
+    proposal = drafter.propose(buffer, rows.next_position, policy, max_tokens=budget)
+    draft_tokens = proposal.tokens  # (A, k)
     k = draft_tokens.shape[1]
     synchronize(device)
     drafted = time.perf_counter()
@@ -181,10 +206,14 @@ def _step(
     scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (A, k+1, V)
 
     # Accept: the longest prefix the target agrees with, then one token of the target's own.
-    if q is not None:
-        num_accepted, next_token = speculative_sampling(draft_tokens, q, torch.softmax(scores, dim=-1), generator)
-    else:
-        num_accepted, next_token = greedy_accept(draft_tokens, scores)
+    if not do_sample:
+        num_accepted, next_token = greedy_accept(draft_tokens, scores, proposal.lengths)
+    elif proposal.q is not None:
+        p = torch.softmax(scores, dim=-1)
+        num_accepted, next_token = speculative_sampling(draft_tokens, proposal.q, p, generator)
+    else:  # drafts proposed with certainty (prompt lookup)
+        p = torch.softmax(scores, dim=-1)
+        num_accepted, next_token = point_draft_sampling(draft_tokens, p, proposal.lengths, generator)
 
     # Commit: append the accepted tokens (stopping where plain decoding would), roll both caches back.
     new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
@@ -200,9 +229,11 @@ def _step(
 
     synchronize(device)
     verified = time.perf_counter()
-    policy.update(k, num_accepted)
-    policy.observe_costs(drafted - started, k, verified - drafted, rows=verify_ids.shape[0])
-    stats.record_step(buffer.active, k, num_accepted, emitted)
+    policy.update(k, num_accepted, proposal.lengths)
+    policy.observe_costs(
+        drafted - started, proposal.forwards, verified - drafted, rows=verify_ids.shape[0], verified_per_row=k + 1
+    )
+    stats.record_step(buffer.active, k if proposal.lengths is None else proposal.lengths, num_accepted, emitted)
     stats.draft_seconds += drafted - started
     stats.verify_seconds += verified - drafted
     return finished

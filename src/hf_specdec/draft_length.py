@@ -18,6 +18,9 @@ Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_sche
 
 Independently, `assistant_confidence_threshold` stops drafting once the draft's top probability falls
 below the threshold in every row (transformers' rule).
+
+Drafters with no confidence of their own (prompt lookup) use the same rule with the acceptance rate measured
+at each draft position in recent steps in place of the draft's confidence (`planned_length`), and `c = 0`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ SCHEDULES = ("constant", "heuristic", "adaptive")
 
 # Weight of the newest measurement in the running estimate of the draft/target cost ratio.
 _COST_SMOOTHING = 0.2
+# Acceptance history by draft position: per step older counts keep this weight, and each position remembers
+# at most this many drafts. With no new drafts at a position its rate drifts back to the prior of 1/2 within
+# a few dozen steps, so a drafter that stopped drafting tries again.
+_HISTORY_DECAY = 0.9
+_HISTORY_DRAFTS = 20.0
 
 
 @dataclass
@@ -55,6 +63,8 @@ class DraftLengthPolicy:
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
     _verify: _VerifyCost = field(init=False, repr=False)
     _per_token_cost: float = field(init=False, repr=False, default=0.0)
+    _reached: list[float] = field(init=False, repr=False, default_factory=list)
+    _accepted: list[float] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1:
@@ -97,28 +107,78 @@ class DraftLengthPolicy:
         expected_gain = float((survival * confidence).mean())  # of one more draft, in tokens per row
         return expected_gain < self.cost_ratio + self._per_token_cost * confidence.numel()
 
-    def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
-        """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
+    def update(self, num_drafted: int, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
+        """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them
+        (`lengths[b]`: how many row b really drafted, when rows drafted different numbers)."""
+        self._record_acceptance(num_drafted, num_accepted.cpu(), None if lengths is None else lengths.cpu())
         if self.schedule == "heuristic":
             if bool((num_accepted == num_drafted).all()):
                 self._current = min(self._current + 2, self.max_tokens)
             else:
                 self._current = max(self._current - 1, 1)
 
+    def _record_acceptance(self, k: int, num_accepted: torch.Tensor, lengths: torch.Tensor | None) -> None:
+        drafted = torch.full_like(num_accepted, k) if lengths is None else lengths  # (A,)
+        positions = torch.arange(k)[None, :]  # (1, k)
+        reached = ((drafted[:, None] > positions) & (num_accepted[:, None] >= positions)).sum(0).tolist()
+        accepted = (num_accepted[:, None] > positions).sum(0).tolist()
+        grow = k - len(self._reached)
+        if grow > 0:
+            self._reached += [0.0] * grow
+            self._accepted += [0.0] * grow
+        self._reached = [_HISTORY_DECAY * r for r in self._reached]
+        self._accepted = [_HISTORY_DECAY * a for a in self._accepted]
+        for j in range(k):
+            self._reached[j] += reached[j]
+            self._accepted[j] += accepted[j]
+            if self._reached[j] > _HISTORY_DRAFTS:
+                scale = _HISTORY_DRAFTS / self._reached[j]
+                self._reached[j] *= scale
+                self._accepted[j] *= scale
+
+    def acceptance_rate(self, position: int) -> float:
+        """Recent share of drafts at `position` (0-based) accepted when every earlier draft was, with a prior
+        of one accepted and one rejected draft."""
+        if position >= len(self._reached):
+            return 0.5
+        return (self._accepted[position] + 1.0) / (self._reached[position] + 2.0)
+
+    def planned_length(self, rows: int) -> int:
+        """How many tokens a drafter without a confidence of its own (prompt lookup) should draft for `rows`
+        rows: with the "adaptive" schedule, up to the last position whose expected gain (the product of the
+        measured acceptance rates up to it) still exceeds `c + v * rows`; otherwise `current`."""
+        if self.schedule != "adaptive":
+            return self._current
+        survival, length = 1.0, 0
+        for position in range(self._current):
+            survival *= self.acceptance_rate(position)
+            if survival < self.cost_ratio + self._per_token_cost * rows:
+                break
+            length = position + 1
+        return length
+
     def observe_costs(
-        self, draft_seconds: float, num_draft_forwards: int, verify_seconds: float, rows: int = 1
+        self,
+        draft_seconds: float,
+        num_draft_forwards: int,
+        verify_seconds: float,
+        rows: int = 1,
+        verified_per_row: int | None = None,
     ) -> None:
         """Refine the cost estimates from one step's timings: `num_draft_forwards` draft forwards took
-        `draft_seconds`, verifying `num_draft_forwards + 1` tokens for each of `rows` rows `verify_seconds`."""
-        if num_draft_forwards == 0 or verify_seconds <= 0:
+        `draft_seconds`, verifying `verified_per_row` tokens (default `num_draft_forwards + 1`) for each of `rows`
+        rows took `verify_seconds`."""
+        if verify_seconds <= 0:
             return
-        self._verify.add(rows * (num_draft_forwards + 1), verify_seconds)
+        verified = num_draft_forwards + 1 if verified_per_row is None else verified_per_row
+        self._verify.add(rows * verified, verify_seconds)
         one_token, per_token = self._verify.predict(rows), self._verify.slope
         if one_token is None:  # too few different verify sizes yet: compare with the whole verification
             one_token, per_token = verify_seconds, 0.0
-        ratio = draft_seconds / num_draft_forwards / one_token
-        self.cost_ratio = (1 - _COST_SMOOTHING) * self.cost_ratio + _COST_SMOOTHING * ratio
         self._per_token_cost = per_token / one_token
+        if num_draft_forwards > 0:
+            ratio = draft_seconds / num_draft_forwards / one_token
+            self.cost_ratio = (1 - _COST_SMOOTHING) * self.cost_ratio + _COST_SMOOTHING * ratio
 
 
 class _VerifyCost:

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.drafting import Proposal
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.processing import RaggedLogitsProcessor
@@ -108,7 +109,7 @@ class DraftModelDrafter:
 
     def propose(
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> Proposal:
         """Draft up to `policy.current` tokens (and at most `max_tokens`, at least one) for every active row.
 
         Each drafted token is written into `buffer` right after the row's committed tokens (not committed):
@@ -121,8 +122,8 @@ class DraftModelDrafter:
             max_tokens (`int`): how many tokens any row can still commit after this step's first.
 
         Returns:
-            `(draft_tokens, q)`: `(active, k)` drafted tokens on the buffer's device, and when sampling the
-            draft distributions `(active, k, vocab)` they were drawn from (else `None`).
+            A `Proposal`: `(active, k)` drafted tokens on the buffer's device, and when sampling the draft
+            distributions `(active, k, vocab)` they were drawn from; one draft forward per drafted token.
         """
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         target_device = buffer.tokens.device
@@ -164,7 +165,8 @@ class DraftModelDrafter:
             self._fed += 1
         draft_tokens = torch.stack(tokens, dim=1)  # (A, k)
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
-        return draft_tokens, torch.stack(probs, dim=1) if self.do_sample else None
+        q = torch.stack(probs, dim=1) if self.do_sample else None
+        return Proposal(draft_tokens, q=q, forwards=draft_tokens.shape[1])
 
     def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         """Roll the draft's cache back to the accepted drafts and queue the tokens it has not seen.

@@ -1,8 +1,10 @@
-"""`SpeculativeGenerationMixin`: `generate(assistant=...)` on any transformers causal LM.
+"""`SpeculativeGenerationMixin`: `generate(assistant=...)` and `generate(prompt_lookup_num_tokens=...)` on any
+transformers causal LM, at any batch size.
 
-Without speculative arguments `generate()` is transformers' own, untouched. With `assistant=`, transformers
-still prepares everything (generation config, processors, stopping criteria, lengths, special tokens) and
-then hands the decoding loop to [`speculative_decode`] through its public `custom_generate` hook.
+Without speculative arguments `generate()` is transformers' own, untouched. With `assistant=` or
+`prompt_lookup_num_tokens=`, transformers still prepares everything (generation config, processors, stopping
+criteria, lengths, special tokens) and then hands the decoding loop to [`speculative_decode`] through its
+public `custom_generate` hook.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.validation import check_generation_config, check_models, output_vocab_size
 from hf_specdec.vocab import check_token_ids
 
@@ -25,6 +28,7 @@ from hf_specdec.vocab import check_token_ids
 DEFAULT_NUM_ASSISTANT_TOKENS = 8
 DEFAULT_SCHEDULE = "adaptive"
 DEFAULT_CONFIDENCE_THRESHOLD: float | None = None
+DEFAULT_MAX_MATCHING_NGRAM_SIZE = 2  # transformers' default for prompt lookup
 
 
 class SpeculativeGenerationMixin:
@@ -41,6 +45,12 @@ class SpeculativeGenerationMixin:
             (`hf_specdec.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
             lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target still
             verifies every token over its full vocabulary (default: the draft's whole vocabulary).
+        prompt_lookup_num_tokens (`int`): draft by prompt lookup instead of a draft model: each row proposes up to
+            this many tokens that followed its last n-gram where it last occurred in the row (prompt or
+            generated text). No draft model runs; lossless like `assistant=`, and at any batch size. With the
+            "adaptive" schedule (default) fewer are proposed when the measured acceptance at later positions
+            does not pay for verifying them; `num_assistant_tokens_schedule="constant"` always proposes this many.
+        max_matching_ngram_size (`int`): the longest n-gram prompt lookup matches (default 2).
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
         tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
             is also needed for `stop_strings`.
@@ -55,15 +65,20 @@ class SpeculativeGenerationMixin:
         assistant_vocab: torch.Tensor | Sequence[int] | None = None,
         **kwargs: Any,
     ) -> Any:
-        if assistant is None:
-            if assistant_vocab is not None:
-                raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
+        lookup_tokens = _requested("prompt_lookup_num_tokens", generation_config or self.generation_config, kwargs)  # type: ignore[attr-defined]
+        if assistant is None and assistant_vocab is not None:
+            raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
+        if assistant is None and lookup_tokens is None:
             return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
+        if assistant is not None and lookup_tokens is not None:
+            raise ValueError("`assistant=` and `prompt_lookup_num_tokens` are two sources of drafts; pass one of them.")
         if args:
             raise TypeError("Pass generate()'s arguments after `generation_config` by keyword with `assistant=`.")
         self._check_speculative_kwargs(kwargs)
         tokenizer = kwargs.pop("tokenizer", None)
         assistant_tokenizer = kwargs.pop("assistant_tokenizer", None)
+        if assistant is None:
+            return self._generate_with_lookup(inputs, generation_config, tokenizer, kwargs)
         check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
         if assistant_vocab is not None:
             assistant_vocab = check_token_ids(
@@ -88,6 +103,29 @@ class SpeculativeGenerationMixin:
         )
         return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
 
+    def _generate_with_lookup(
+        self,
+        inputs: torch.Tensor | None,
+        generation_config: GenerationConfig | None,
+        tokenizer: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """`generate()` with drafts from prompt lookup (`prompt_lookup_num_tokens`)."""
+        config, kwargs = self._resolve_config(generation_config, kwargs, lookup=True)
+        num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
+        config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"prompt_lookup_num_tokens must be a positive integer, got {num_tokens!r}.")
+        # No draft forward to pay for (c = 0): with "adaptive" only verification's growth limits the length.
+        schedule = _pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE)
+        policy = DraftLengthPolicy(num_tokens=num_tokens, schedule=schedule, cost_ratio=0.0)
+        lookup = PromptLookupDrafter(_pick(ngram_size, DEFAULT_MAX_MATCHING_NGRAM_SIZE))
+        kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
+        decode = functools.partial(
+            speculative_decode, prompt_lookup=lookup, draft_length=policy, streamer=kwargs.get("streamer")
+        )
+        return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
+
     @staticmethod
     def _check_speculative_kwargs(kwargs: dict[str, Any]) -> None:
         clashes = {
@@ -108,16 +146,36 @@ class SpeculativeGenerationMixin:
                 )
 
     def _resolve_config(
-        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
+        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any], lookup: bool = False
     ) -> tuple[GenerationConfig, dict[str, Any]]:
         """Merge `generate()`'s keyword arguments into a copy of the generation config and validate it.
+
+        `lookup`: drafts come from prompt lookup, whose settings stay in the returned config (the caller takes
+        them out); the draft model's settings are then refused.
 
         Returns the config and the keyword arguments that are not generation settings (model inputs,
         processors, streamer, ...)."""
         config = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         rest = config.update(**kwargs)
-        check_generation_config(config, per_token_scores=True)
+        if lookup:
+            for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
+                if getattr(config, name, None) is not None:
+                    raise ValueError(
+                        f"`{name}` tunes the draft model of `assistant=`; prompt lookup drafts up to "
+                        "`prompt_lookup_num_tokens` tokens per step. Drop it."
+                    )
+            settings = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
+            config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
+            check_generation_config(config, per_token_scores=True)
+            config.prompt_lookup_num_tokens, config.max_matching_ngram_size = settings
+        else:
+            check_generation_config(config, per_token_scores=True)
         return config, rest
+
+
+def _requested(name: str, generation_config: GenerationConfig, kwargs: dict[str, Any]) -> Any:
+    """A generation setting as `generate()` will see it: from its keyword arguments, else from the config."""
+    return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
 
 
 def _pick(value: Any, default: Any) -> Any:

@@ -49,21 +49,24 @@ class SpeculativeStats:
         return self.accepted_tokens.double() / self.drafted_tokens.clamp_min(1).double()
 
     def record_step(
-        self, rows: torch.Tensor, num_drafted: int, num_accepted: torch.Tensor, emitted: torch.Tensor
+        self, rows: torch.Tensor, num_drafted: int | torch.Tensor, num_accepted: torch.Tensor, emitted: torch.Tensor
     ) -> None:
-        """Count one verification step of the active `rows` (original batch indices)."""
+        """Count one verification step of the active `rows` (original batch indices), which drafted
+        `num_drafted` tokens each (or `num_drafted[i]` tokens for row `rows[i]`)."""
         rows, num_accepted, emitted = rows.cpu(), num_accepted.cpu(), emitted.cpu()
+        drafted = torch.as_tensor(num_drafted).cpu().expand(rows.shape)  # (A,)
+        k = int(drafted.max()) if drafted.numel() else 0
         self.target_forwards[rows] += 1
-        self.drafted_tokens[rows] += num_drafted
+        self.drafted_tokens[rows] += drafted
         self.accepted_tokens[rows] += num_accepted
         self.emitted_tokens[rows] += emitted
-        if self.drafted_at_position.numel() < num_drafted:
-            grow = num_drafted - self.drafted_at_position.numel()
+        if self.drafted_at_position.numel() < k:
+            grow = k - self.drafted_at_position.numel()
             self.drafted_at_position = torch.cat([self.drafted_at_position, torch.zeros(grow, dtype=torch.long)])
             self.accepted_at_position = torch.cat([self.accepted_at_position, torch.zeros(grow, dtype=torch.long)])
-        positions = torch.arange(num_drafted)
-        self.drafted_at_position[:num_drafted] += rows.numel()
-        self.accepted_at_position[:num_drafted] += (num_accepted[:, None] > positions[None, :]).sum(0)
+        positions = torch.arange(k)[None, :]  # (1, k)
+        self.drafted_at_position[:k] += (drafted[:, None] > positions).sum(0)
+        self.accepted_at_position[:k] += (num_accepted[:, None] > positions).sum(0)
 
     def summary(self) -> dict[str, float]:
         """Batch totals as plain numbers, for logs and benchmarks."""

@@ -17,8 +17,9 @@ class Method:
         name: short name used in tables, JSON and plots.
         kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model and
             `"{draft_vocab}"` by the benchmark's draft vocabulary (`hf_specdec.bench.vocabulary`).
-        uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation), `"specdec"` (this library
-            with a draft model) or `"medusa"` (this library's Medusa heads).
+        uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation with a draft model),
+            `"hf-lookup"` (transformers' own prompt lookup), `"specdec"` (this library with a draft model),
+            `"lookup"` (this library's prompt lookup) or `"medusa"` (this library's Medusa heads).
     """
 
     name: str
@@ -29,9 +30,9 @@ class Method:
         """Why this method cannot run in this setting, or `None` when it can."""
         if self.uses == "medusa":
             return None if has_medusa else "needs Medusa heads (--medusa)"
-        if self.uses != "plain" and not has_draft:
+        if self.uses in ("specdec", "hf-assistant") and not has_draft:
             return "needs a draft model (--draft)"
-        if self.uses == "hf-assistant" and batch_size > 1:
+        if self.uses.startswith("hf-") and batch_size > 1:
             return "transformers' assisted generation supports batch size 1 only"
         return None
 
@@ -56,6 +57,9 @@ METHODS: dict[str, Method] = {
         ),
         Method("specdec", "specdec", {"assistant": "{draft}"}),
         Method("specdec-vocab", "specdec", {"assistant": "{draft}", "assistant_vocab": "{draft_vocab}"}),
+        Method("lookup", "lookup", {"prompt_lookup_num_tokens": 10}),
+        Method("lookup-3", "lookup", {"prompt_lookup_num_tokens": 3}),
+        Method("hf-lookup", "hf-lookup", {"prompt_lookup_num_tokens": 10}),
         Method("medusa", "medusa", {"medusa": True}),
         Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
         Method("medusa-8", "medusa", {"medusa": True, "tree": 8}),

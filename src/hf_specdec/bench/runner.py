@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt
@@ -124,15 +125,17 @@ def _run_method(
     draft_vocab: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, Any, int | None]:
     kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab)}
-    speculative = method.uses in ("specdec", "medusa")
+    speculative = method.uses in ("specdec", "lookup", "medusa")
     if speculative:
         kwargs["return_dict_in_generate"] = True
     model = medusa if method.uses == "medusa" else target
+    # Transformers' own prompt lookup: its generate(), past this library's mixin (which serves the argument).
+    generate = functools.partial(GenerationMixin.generate, model) if method.uses == "hf-lookup" else model.generate
     if target.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target.device)
         torch.cuda.synchronize(target.device)
     start = time.perf_counter()
-    out = model.generate(**inputs, **kwargs)
+    out = generate(**inputs, **kwargs)
     if target.device.type == "cuda":
         torch.cuda.synchronize(target.device)
     seconds = time.perf_counter() - start

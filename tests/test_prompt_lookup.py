@@ -1,0 +1,199 @@
+"""Prompt lookup drafting: the n-gram search, greedy identity at any batch size, the sampling distribution,
+and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig, StoppingCriteriaList
+
+import hf_specdec.decoding
+from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.lookup import PromptLookupDrafter, lookup_continuation
+from hf_specdec.sequences import TokenBuffer
+from tests.test_sampling_distribution import (
+    ALPHA,
+    MAX_NEW,
+    PAD,
+    POWER_ALPHA,
+    PROMPT_A,
+    PROMPT_B,
+    SAMPLING,
+    _models,
+    _pvalues,
+)
+from tests.test_sampling_distribution import _target_joint as sampling_joint
+from tests.tiny_models import BUILDERS, ragged_batch, tiny_target
+
+NEW = 40
+
+
+def _t(*tokens: int) -> torch.Tensor:
+    return torch.tensor(tokens)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "ngram", "num", "expected"),
+    [
+        ((5, 6, 7, 8, 5, 6), 2, 3, (7, 8, 5)),  # bigram (5, 6) seen at 0: propose what followed
+        ((5, 6, 7, 9, 6, 1, 2, 5, 6), 2, 2, (7, 9)),
+        ((1, 6, 2, 3, 6, 4, 6), 2, 2, (4, 6)),  # no earlier bigram (4, 6): most recent unigram 6, at 4
+        ((1, 2, 9, 1, 2, 7, 1, 2), 2, 1, (7,)),  # two earlier matches: the most recent one
+        ((3, 4, 5, 3, 4), 3, 10, (5, 3, 4)),  # continuation stops at the row's end
+        ((1, 2, 3, 4), 2, 5, ()),  # nothing repeats
+        ((7,), 2, 5, ()),
+        ((4, 4), 2, 3, (4,)),
+    ],
+)
+def test_lookup_continuation(tokens, ngram, num, expected) -> None:
+    assert lookup_continuation(_t(*tokens), ngram, num).tolist() == list(expected)
+
+
+def test_lookup_prefers_the_longest_ngram() -> None:
+    # unigram 3 last occurred at 5 (followed by 8); the trigram (1, 2, 3) at 0 (followed by 9)
+    tokens = _t(1, 2, 3, 9, 0, 3, 8, 1, 2, 3)
+    assert lookup_continuation(tokens, 3, 1).tolist() == [9]
+    assert lookup_continuation(tokens, 1, 1).tolist() == [8]
+
+
+def _buffer(rows: list[list[int]], pad: int = 0) -> tuple[TokenBuffer, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    valid = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    config = GenerationConfig(max_length=width + 20)
+    config._eos_token_tensor = None  # set by generate() when it prepares the special tokens
+    return TokenBuffer(ids, config, StoppingCriteriaList(), scratch=8), valid
+
+
+def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
+    # Row 0 ends with the pad id 0: without its start, the lookup would match its own left padding.
+    buffer, valid = _buffer([[5, 0], [4, 6, 7, 4, 6], [1, 2, 3, 1]])
+    drafter = PromptLookupDrafter(max_ngram_size=2)
+    drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
+    proposal = drafter.propose(buffer, torch.zeros(3, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
+    assert proposal.lengths.tolist() == [0, 3, 3]
+    assert proposal.tokens[1].tolist() == [7, 4, 6] and proposal.tokens[2].tolist() == [2, 3, 1]
+    assert proposal.q is None and proposal.forwards == 0
+    # The drafts sit after each row's tokens, uncommitted, for the logits processors of verification.
+    assert buffer.tokens[1, 5:8].tolist() == [7, 4, 6]
+    assert buffer.lengths.tolist() == [5, 5, 5]
+    # Rows leaving the batch take their starts with them.
+    drafter.select_rows(torch.tensor([1]))
+    assert drafter.starts.tolist() == [0]
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(("num_tokens", "schedule"), [(1, "constant"), (5, "constant"), (5, "adaptive")])
+def test_matches_plain_greedy(arch: str, batch: int, num_tokens: int, schedule: str) -> None:
+    target = tiny_target(arch)
+    ids, mask = ragged_batch(batch, seed=batch)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        prompt_lookup_num_tokens=num_tokens,
+        num_assistant_tokens_schedule=schedule,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculative
+    assert stats.drafted_at_position.numel() <= num_tokens
+    if schedule == "adaptive":  # lengths follow measured timings: only identity is deterministic
+        return
+    # Greedy tiny random models fall into loops, which lookup drafts: both acceptance and rejection happen.
+    assert 0 < int(stats.accepted_tokens.sum()) < int(stats.drafted_tokens.sum())
+    assert int(stats.target_forwards.max()) < NEW
+
+
+def test_rows_stop_at_their_own_eos() -> None:
+    target = tiny_target("llama")
+    ids, mask = ragged_batch(3, seed=7)
+    free = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    eos = int(free[0, ids.shape[1] + 6])
+    kwargs = {"max_new_tokens": NEW, "do_sample": False, "eos_token_id": eos, "pad_token_id": 0}
+    plain = target.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        prompt_lookup_num_tokens=4,
+        num_assistant_tokens_schedule="constant",
+        **kwargs,
+    )
+    assert torch.equal(out, plain)
+
+
+def _lookup_samples(prompts: tuple[tuple[int, ...], ...], num_tokens: int, mode: str, seed: int):
+    target, _ = _models()
+    rows = [prompts[i % len(prompts)] for i in range(4000 * len(prompts))]
+    width = max(len(p) for p in rows)
+    input_ids = torch.tensor([(PAD,) * (width - len(p)) + p for p in rows])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        prompt_lookup_num_tokens=num_tokens,
+        max_matching_ngram_size=2,
+        num_assistant_tokens_schedule="constant",  # deterministic lengths (adaptive ones follow timings)
+        do_sample=True,
+        max_new_tokens=MAX_NEW,
+        generator=torch.Generator().manual_seed(seed),
+        return_dict_in_generate=True,
+        **sampling,
+    )
+    generated = out.sequences[:, width:]
+    return [generated[i :: len(prompts)] for i in range(len(prompts))], out.speculative
+
+
+@pytest.mark.parametrize(("mode", "num_tokens"), [("plain", 2), ("warped", 3)])
+def test_samples_follow_target_distribution(mode: str, num_tokens: int) -> None:
+    """Lookup drafts are certain (q = 1 on the drafted token): accepted with probability p(x), and after a
+    rejection the next token comes from p without x. The samples must follow the target's distribution, row
+    by row in a ragged batch (rows draft different numbers of tokens, or none)."""
+    (samples_a, samples_b), stats = _lookup_samples((PROMPT_A, PROMPT_B), num_tokens, mode, seed=2024)
+    rate = stats.summary()["acceptance_rate"]
+    assert 0.1 < rate < 0.9, rate
+    # Accepted drafts, rejections (resamples from p without x) and bonus tokens all occur, at two positions.
+    drafted, accepted = stats.drafted_at_position[:2], stats.accepted_at_position[:2]
+    assert bool(((accepted > 0) & (accepted < drafted)).all()), (drafted, accepted)
+    for samples, prompt in ((samples_a, PROMPT_A), (samples_b, PROMPT_B)):
+        pvalues = _pvalues(samples, sampling_joint(prompt, mode))
+        assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prompt_lookup_num_tokens": 0}, "positive integer"),
+        ({"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 0}, "positive integer"),
+        ({"prompt_lookup_num_tokens": 3, "num_assistant_tokens": 4}, "tunes the draft model"),
+        ({"prompt_lookup_num_tokens": 3, "num_beams": 2}, "Beam search"),
+        ({"prompt_lookup_num_tokens": 3, "assistant_vocab": [1, 2]}, "pass a draft model"),
+    ],
+)
+def test_bad_settings(kwargs: dict, message: str) -> None:
+    target = tiny_target("llama")
+    ids, mask = ragged_batch(2)
+    with pytest.raises(ValueError, match=message):
+        target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, **kwargs)
+
+
+def test_the_distribution_check_catches_a_residual_that_keeps_the_rejected_token(monkeypatch) -> None:
+    """Negative control: resampling from p itself after a rejection (instead of p without the rejected
+    token) over-weights the drafted token, and the same check must see it."""
+
+    def keeps_rejected_token(draft_tokens, p, num_drafted=None, generator=None):
+        batch, k = draft_tokens.shape
+        p_x = p[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)
+        u = torch.rand((batch, k), generator=generator)
+        real = torch.arange(k)[None, :] < num_drafted[:, None]
+        num_accepted = ((u < p_x) & real).long().cumprod(dim=1).sum(dim=1)
+        final = p[torch.arange(batch), num_accepted]
+        return num_accepted, torch.multinomial(final, 1, generator=generator).squeeze(1)
+
+    monkeypatch.setattr(hf_specdec.decoding, "point_draft_sampling", keeps_rejected_token)
+    (samples_a, _), _ = _lookup_samples((PROMPT_A, PROMPT_B), 2, "plain", seed=2024)
+    assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA
