@@ -85,3 +85,19 @@ def test_medusa_method_runs_beside_the_others() -> None:
     summary = result.summary()
     assert summary["medusa"]["identical_to_plain"] == "2/2"
     assert "needs a draft" in result.skipped["specdec"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_prompt_lookup_methods_run_without_a_draft(batch_size: int) -> None:
+    """`lookup` needs no draft; `hf-lookup` is transformers' own (batch size 1 only), reached past this library's
+    mixin; `specdec-lookup` needs the draft."""
+    methods = [METHODS["plain"], METHODS["lookup"], METHODS["hf-lookup"], METHODS["specdec-lookup"]]
+    result = run_benchmark(tiny_target("llama"), _tokenizer(), PROMPTS, methods, draft=None, batch_size=batch_size)
+    summary = result.summary()
+    assert summary["lookup"]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+    assert summary["lookup"]["tau"] >= 1.0
+    assert "needs a draft" in result.skipped["specdec-lookup"]
+    if batch_size == 1:
+        assert summary["hf-lookup"]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+    else:
+        assert "batch size 1" in result.skipped["hf-lookup"]

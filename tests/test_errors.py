@@ -30,7 +30,7 @@ def _generate(target, draft, **kwargs):
         ({"assistant_confidence_threshold": 1.5}, r"\[0, 1\)"),
         ({"stop_strings": ["foo"]}, "tokenizer"),
         ({"penalty_alpha": 0.6, "top_k": 4}, "another decoding strategy"),
-        ({"prompt_lookup_num_tokens": 3}, "two sources of drafts"),
+        ({"prompt_lookup_num_tokens": 0}, "positive integer"),
         ({"use_cache": False}, "use_cache=False"),
         ({"cache_implementation": "static"}, "cache_implementation"),
         ({"assistant_vocab": [1, 500]}, "outside the model's"),

@@ -46,14 +46,18 @@ def _t(*tokens: int) -> torch.Tensor:
     ],
 )
 def test_lookup_continuation(tokens, ngram, num, expected) -> None:
-    assert lookup_continuation(_t(*tokens), ngram, num).tolist() == list(expected)
+    continuation, size = lookup_continuation(_t(*tokens), ngram, num)
+    assert continuation.tolist() == list(expected)
+    assert (size > 0) == bool(expected)
 
 
 def test_lookup_prefers_the_longest_ngram() -> None:
     # unigram 3 last occurred at 5 (followed by 8); the trigram (1, 2, 3) at 0 (followed by 9)
     tokens = _t(1, 2, 3, 9, 0, 3, 8, 1, 2, 3)
-    assert lookup_continuation(tokens, 3, 1).tolist() == [9]
-    assert lookup_continuation(tokens, 1, 1).tolist() == [8]
+    continuation, size = lookup_continuation(tokens, 3, 1)
+    assert (continuation.tolist(), size) == ([9], 3)
+    continuation, size = lookup_continuation(tokens, 1, 1)
+    assert (continuation.tolist(), size) == ([8], 1)
 
 
 def _buffer(rows: list[list[int]], pad: int = 0) -> tuple[TokenBuffer, torch.Tensor]:
@@ -68,7 +72,7 @@ def _buffer(rows: list[list[int]], pad: int = 0) -> tuple[TokenBuffer, torch.Ten
 def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     # Row 0 ends with the pad id 0: without its start, the lookup would match its own left padding.
     buffer, valid = _buffer([[5, 0], [4, 6, 7, 4, 6], [1, 2, 3, 1]])
-    drafter = PromptLookupDrafter(max_ngram_size=2)
+    drafter = PromptLookupDrafter(num_tokens=4, max_ngram_size=2)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
     proposal = drafter.propose(buffer, torch.zeros(3, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
     assert proposal.lengths.tolist() == [0, 3, 3]
@@ -80,6 +84,25 @@ def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     # Rows leaving the batch take their starts with them.
     drafter.select_rows(torch.tensor([1]))
     assert drafter.starts.tolist() == [0]
+
+
+def test_each_match_size_drafts_as_far_as_its_measured_acceptance_pays() -> None:
+    """Single-token matches that were never accepted stop drafting; 3-token matches that always were go on."""
+    buffer, valid = _buffer([[9, 8, 1, 2, 3, 4, 5, 1], [7, 1, 2, 3, 4, 5, 6, 1, 2, 3]])
+    drafter = PromptLookupDrafter(num_tokens=4, max_ngram_size=3)
+    drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
+    for _ in range(30):
+        drafter.history[1].update(4, torch.zeros(2, dtype=torch.long))
+        drafter.history[3].update(4, torch.full((2,), 4))
+    policy = DraftLengthPolicy(4, "constant", cost_ratio=0.0)
+    for k in [0, 3, 1, 4, 2] * 3:  # verification: 0.1 of a one-token forward per extra token and row
+        policy.observe_costs(0.0, 0, 1.0 + 0.1 * (2 * (k + 1) - 2), rows=2, verified_per_row=k + 1)
+    proposal = drafter.propose(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
+    assert drafter._sizes == [1, 3]
+    assert proposal.lengths.tolist() == [0, 4]
+    assert proposal.tokens[1].tolist() == [4, 5, 6, 1]
+    rate = 20 / 21  # about 19 remembered drafts, all accepted, and the prior's one accepted and one rejected
+    assert drafter.expected_tokens() == pytest.approx((1.0 + sum(rate**j for j in range(5))) / 2, abs=0.02)
 
 
 @pytest.mark.parametrize("arch", sorted(BUILDERS))
@@ -170,6 +193,7 @@ def test_samples_follow_target_distribution(mode: str, num_tokens: int) -> None:
         ({"prompt_lookup_num_tokens": 0}, "positive integer"),
         ({"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 0}, "positive integer"),
         ({"prompt_lookup_num_tokens": 3, "num_assistant_tokens": 4}, "tunes the draft model"),
+        ({"prompt_lookup_num_tokens": 3, "num_assistant_tokens_schedule": "heuristic"}, "'adaptive'"),
         ({"prompt_lookup_num_tokens": 3, "num_beams": 2}, "Beam search"),
         ({"prompt_lookup_num_tokens": 3, "assistant_vocab": [1, 2]}, "pass a draft model"),
     ],

@@ -20,6 +20,7 @@ from hf_specdec.acceptance import greedy_accept, point_draft_sampling, speculati
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
 from hf_specdec.drafting import Drafter
+from hf_specdec.hybrid import HybridDrafter
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
@@ -77,8 +78,10 @@ def speculative_decode(
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
         assistant (`PreTrainedModel`, *optional*): the draft model.
-        prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup instead (exactly one of the two).
-        draft_length (`DraftLengthPolicy`): how many tokens to draft per step.
+        prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup; with `assistant` too, each step
+            drafts with whichever of the two is expected to pay more (`HybridDrafter`).
+        draft_length (`DraftLengthPolicy`): how many tokens the draft model drafts per step; it also measures the
+            costs every drafter's length rule uses.
         assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
         streamer (`BaseStreamer`, *optional*): receives each step's committed tokens (batch size 1).
         generator (`torch.Generator`, *optional*): randomness for sampling, for reproducible runs.
@@ -89,8 +92,8 @@ def speculative_decode(
         `torch.LongTensor` `(batch, prompt + new)` on the device of `input_ids`, or a
         `SpeculativeDecoderOnlyOutput` when `return_dict_in_generate=True`.
     """
-    if (assistant is None) == (prompt_lookup is None):
-        raise ValueError("Pass exactly one source of drafts: `assistant=` (a draft model) or `prompt_lookup=`.")
+    if assistant is None and prompt_lookup is None:
+        raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     input_device, device = input_ids.device, model.device
@@ -99,7 +102,8 @@ def speculative_decode(
     do_sample = bool(generation_config.do_sample)
     processors = RaggedLogitsProcessor(logits_processor)
     # Scratch after max_length: the k drafts of a step plus the token the target adds.
-    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=draft_length.max_tokens + 1)
+    longest = max(draft_length.max_tokens, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
+    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=longest + 1)
     stats = SpeculativeStats.zeros(input_ids.shape[0])
     recorder = ScoreRecorder(
         input_ids.shape[0], bool(generation_config.output_scores), bool(generation_config.output_logits)
@@ -113,11 +117,13 @@ def speculative_decode(
     scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
     first = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     drafter: Drafter
-    if assistant is not None:
-        drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator, assistant_vocab)
-    else:
+    if assistant is None:
         assert prompt_lookup is not None
         drafter = prompt_lookup
+    else:
+        drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator, assistant_vocab)
+        if prompt_lookup is not None:
+            drafter = HybridDrafter(drafter, prompt_lookup)
     drafter.prefill(input_ids, valid, positions)
     emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
     recorder.record(buffer.active, emitted, scores, logits)
@@ -229,11 +235,13 @@ def _step(
 
     synchronize(device)
     verified = time.perf_counter()
-    policy.update(k, num_accepted, proposal.lengths)
+    if proposal.source == "model":  # the draft model's length schedule learns from its own steps only
+        policy.update(k, num_accepted, proposal.lengths)
     policy.observe_costs(
         drafted - started, proposal.forwards, verified - drafted, rows=verify_ids.shape[0], verified_per_row=k + 1
     )
     stats.record_step(buffer.active, k if proposal.lengths is None else proposal.lengths, num_accepted, emitted)
+    stats.lookup_steps += proposal.source == "lookup"
     stats.draft_seconds += drafted - started
     stats.verify_seconds += verified - drafted
     return finished

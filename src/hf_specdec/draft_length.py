@@ -143,16 +143,36 @@ class DraftLengthPolicy:
             return 0.5
         return (self._accepted[position] + 1.0) / (self._reached[position] + 2.0)
 
-    def planned_length(self, rows: int) -> int:
+    @property
+    def per_token_cost(self) -> float:
+        """`v`: what verifying one more token per row costs, in one-token target forwards (measured)."""
+        return self._per_token_cost
+
+    def expected_tokens(self, lengths: list[int]) -> float:
+        """Expected committed tokens per row of a step in which row b drafts `lengths[b]` tokens: one from the
+        target plus, per drafted position, the chance that it and every earlier draft are accepted (the
+        acceptance rates measured by position)."""
+        total = 0.0
+        for length in lengths:
+            survival = 1.0
+            total += 1.0
+            for position in range(length):
+                survival *= self.acceptance_rate(position)
+                total += survival
+        return total / max(len(lengths), 1)
+
+    def planned_length(self, rows: int, per_token_cost: float | None = None) -> int:
         """How many tokens a drafter without a confidence of its own (prompt lookup) should draft for `rows`
         rows: with the "adaptive" schedule, up to the last position whose expected gain (the product of the
-        measured acceptance rates up to it) still exceeds `c + v * rows`; otherwise `current`."""
+        measured acceptance rates up to it) still exceeds `c + v * rows`; otherwise `current`.
+        `per_token_cost` replaces the measured `v` (when another policy measures verification)."""
         if self.schedule != "adaptive":
             return self._current
+        v = self._per_token_cost if per_token_cost is None else per_token_cost
         survival, length = 1.0, 0
         for position in range(self._current):
             survival *= self.acceptance_rate(position)
-            if survival < self.cost_ratio + self._per_token_cost * rows:
+            if survival < self.cost_ratio + v * rows:
                 break
             length = position + 1
         return length

@@ -63,8 +63,10 @@ class DraftModelDrafter:
         self._fed = 0  # slots the current step appended to the draft's cache
         self._pending_width = 0  # of which the pending tokens fed first
         self._last_drafts: torch.Tensor | None = None
-        self.pending: torch.Tensor | None = None  # (A, 2) last two committed tokens; slot 0 may not be needed
-        self.pending_count: torch.Tensor | None = None  # (A,) 1 or 2: how many of them the draft has not seen
+        # Committed tokens the draft has not seen, right-aligned (the most recent last): after its own steps the
+        # target's token, and the last draft when all were accepted; after a lookup step (`catch_up`) more.
+        self.pending: torch.Tensor | None = None  # (A, W)
+        self.pending_count: torch.Tensor | None = None  # (A,) how many of the last columns are real
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Feed the prompts `(batch, prompt)` (the target's first token becomes pending in `start`)."""
@@ -131,7 +133,7 @@ class DraftModelDrafter:
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
         width = int(self.pending_count.max())
         offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
-        ids = self.pending[:, 2 - width :]  # (A, w)
+        ids = self.pending[:, self.pending.shape[1] - width :]  # (A, w)
         valid = offsets[None, :] >= -self.pending_count[:, None]  # (A, w)
         positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp_max(last_position)  # (A, w)
         tokens: list[torch.Tensor] = []
@@ -186,6 +188,27 @@ class DraftModelDrafter:
         first = torch.where(all_accepted, self._last_drafts, next_token)  # (A,)
         self.pending = torch.stack([first, next_token], dim=1)  # (A, 2)
         self.pending_count = 1 + all_accepted.long()
+
+    def catch_up(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Queue tokens the target committed in a step this draft did not draft (a prompt lookup step): row b
+        committed `tokens[b, :counts[b]]`. The draft feeds them, after what it had not seen yet, in one forward
+        at its next proposal.
+
+        Args:
+            tokens (`torch.LongTensor` of shape `(active, m)`): the committed tokens, in order.
+            counts (`torch.LongTensor` of shape `(active,)`): how many of them each row committed, `>= 1`.
+        """
+        assert self.pending is not None and self.pending_count is not None
+        width = self.pending.shape[1]
+        rows = [
+            torch.cat([self.pending[b, width - int(seen) :], tokens[b, : int(count)].to(self.device)])
+            for b, (seen, count) in enumerate(zip(self.pending_count.tolist(), counts.tolist(), strict=True))
+        ]
+        lengths = torch.tensor([r.numel() for r in rows], device=self.device)
+        pending = self.pending.new_zeros(len(rows), int(lengths.max()))
+        for b, row in enumerate(rows):
+            pending[b, pending.shape[1] - row.numel() :] = row
+        self.pending, self.pending_count = pending, lengths
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""

@@ -25,12 +25,14 @@ class Proposal(NamedTuple):
         lengths (`torch.LongTensor` of shape `(active,)`, *optional*): how many of the k tokens each row really
             drafted, when rows draft different numbers; the rest is filler that is never accepted. `None`: all k.
         forwards (`int`): how many draft-model forward passes the proposal took (0 for a lookup).
+        source (`str`): `"model"` (a draft model) or `"lookup"` (prompt lookup).
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
     forwards: int = 0
+    source: str = "model"
 
 
 class Drafter(Protocol):

@@ -12,6 +12,12 @@ tokens and `acceptance.point_draft_sampling` keeps the target's sampling distrib
 Transformers' own `prompt_lookup_num_tokens` runs at batch size 1 and takes the earliest match; this drafter
 serves any batch size, each row searching its own tokens, and takes the most recent match of the longest
 n-gram (recent context predicts the continuation better: on the benchmark's prompts it accepts slightly more).
+
+How far to trust a match depends mostly on its length. Replaying lookup over Qwen2.5-Coder-1.5B's greedy
+replies to the benchmark's prompts, the first looked-up token was right after 23-32% of single-token
+matches and after 82% or more of 3-token matches. So the acceptance rate by draft position is measured
+separately for each matched n-gram size, and with the "adaptive" schedule each row drafts as far as its own
+match is expected to pay for verification (`DraftLengthPolicy.planned_length`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from hf_specdec.drafting import Proposal
 from hf_specdec.sequences import TokenBuffer
 
 
-def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: int) -> torch.Tensor:
+def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: int) -> tuple[torch.Tensor, int]:
     """The tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram.
 
     Args:
@@ -32,7 +38,8 @@ def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: i
         num_tokens (`int`): the most tokens to return.
 
     Returns:
-        `torch.LongTensor` of shape `(m,)` with `0 <= m <= num_tokens` (empty when no suffix occurs earlier).
+        `(continuation, n)`: `torch.LongTensor` of shape `(m,)` with `0 <= m <= num_tokens`, and the size of
+        the matched n-gram (`(empty, 0)` when no suffix occurs earlier).
     """
     length = tokens.shape[0]
     for n in range(min(max_ngram_size, length - 1), 0, -1):
@@ -41,22 +48,34 @@ def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: i
         hits = (windows == tokens[length - n :]).all(dim=1).nonzero().flatten()
         if hits.numel():
             start = int(hits[-1]) + n
-            return tokens[start : start + num_tokens]
-    return tokens[:0]
+            return tokens[start : start + num_tokens], n
+    return tokens[:0], 0
 
 
 class PromptLookupDrafter:
     """Drafts, for every row, the continuation of its last n-gram's most recent earlier occurrence.
 
     Args:
-        max_ngram_size (`int`): the longest n-gram to match (transformers' `max_matching_ngram_size`).
+        num_tokens (`int`): the most tokens a row drafts per step (`prompt_lookup_num_tokens`).
+        max_ngram_size (`int`): the longest n-gram to match (`max_matching_ngram_size`).
+        adaptive (`bool`): draft, per row, only as far as its match is expected to pay for verification (from
+            the acceptance measured for matches of its size); otherwise always up to `num_tokens`.
     """
 
-    def __init__(self, max_ngram_size: int = 2) -> None:
-        if not isinstance(max_ngram_size, int) or isinstance(max_ngram_size, bool) or max_ngram_size < 1:
-            raise ValueError(f"max_matching_ngram_size must be a positive integer, got {max_ngram_size!r}.")
+    def __init__(self, num_tokens: int, max_ngram_size: int = 3, adaptive: bool = True) -> None:
+        for name, value in (("prompt_lookup_num_tokens", num_tokens), ("max_matching_ngram_size", max_ngram_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        self.num_tokens = num_tokens
         self.max_ngram_size = max_ngram_size
+        schedule = "adaptive" if adaptive else "constant"
+        # Acceptance by draft position, per matched n-gram size (c = 0: drafting costs no forward).
+        self.history = {
+            n: DraftLengthPolicy(num_tokens, schedule, cost_ratio=0.0) for n in range(1, max_ngram_size + 1)
+        }
         self.starts: torch.Tensor | None = None  # (A,) first real token of each active row (after left padding)
+        self._last: Proposal | None = None
+        self._sizes: list[int] = []  # matched n-gram size per row in the last proposal (0: no match)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Note where each row's real tokens start, so that left padding is never matched."""
@@ -68,19 +87,24 @@ class PromptLookupDrafter:
     def propose(
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
     ) -> Proposal:
-        """Look up up to `policy.planned_length(rows)` tokens (at most `max_tokens`) for every active row.
+        """Look up up to `num_tokens` tokens (at most `max_tokens`) for every active row and write them into
+        `buffer` after each row's committed tokens (uncommitted), where the logits processors of verification
+        read them. `policy`: the loop's, which measures what verifying one more token per row costs.
 
-        Rows draft different numbers of tokens (none without a match); `k` is the longest, and shorter rows
-        are padded with filler that the `lengths` of the proposal exclude from acceptance.
+        Rows draft different numbers of tokens (none without a match); `k` is the longest, and shorter rows are
+        padded with filler that the `lengths` of the proposal exclude from acceptance.
         """
         assert self.starts is not None
         rows = buffer.tokens[buffer.active].cpu()  # (A, width)
-        num_tokens = max(0, min(policy.planned_length(rows.shape[0]), max_tokens))
         ends = buffer.active_lengths.cpu()
-        found = [
-            lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, num_tokens)
-            for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True)
-        ]
+        v = policy.per_token_cost
+        found: list[torch.Tensor] = []
+        self._sizes = []
+        for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True):
+            continuation, n = lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, self.num_tokens)
+            limit = min(self.history[n].planned_length(rows.shape[0], per_token_cost=v), max_tokens) if n else 0
+            found.append(continuation[: max(limit, 0)])
+            self._sizes.append(n)
         lengths = torch.tensor([f.numel() for f in found], dtype=torch.long)
         k = int(lengths.max()) if lengths.numel() else 0
         tokens = torch.zeros(len(found), k, dtype=torch.long)
@@ -90,10 +114,28 @@ class PromptLookupDrafter:
         device = buffer.tokens.device
         tokens, lengths = tokens.to(device), lengths.to(device)
         buffer.write(0, tokens)
-        return Proposal(tokens, lengths=lengths)
+        self._last = Proposal(tokens, lengths=lengths, source="lookup")
+        return self._last
+
+    def expected_tokens(self) -> float:
+        """Expected committed tokens per row of the last proposal: one from the target plus, per drafted
+        position, the measured chance (for the row's match size) that it and every earlier draft are accepted."""
+        assert self._last is not None and self._last.lengths is not None
+        lengths = self._last.lengths.tolist()
+        total = sum(
+            self.history[n].expected_tokens([length]) if n else 1.0
+            for n, length in zip(self._sizes, lengths, strict=True)
+        )
+        return total / max(len(lengths), 1)
 
     def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
-        """Nothing to roll back: the next lookup reads the committed tokens from the buffer."""
+        """Record, for each matched n-gram size, how far its rows' drafts were accepted."""
+        assert self._last is not None and self._last.lengths is not None
+        sizes = torch.tensor(self._sizes)
+        num_accepted, lengths = num_accepted.cpu(), self._last.lengths.cpu()
+        for n in sorted(set(self._sizes) - {0}):
+            rows = sizes == n
+            self.history[n].update(num_drafted, num_accepted[rows], lengths[rows])
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it."""

@@ -28,7 +28,9 @@ from hf_specdec.vocab import check_token_ids
 DEFAULT_NUM_ASSISTANT_TOKENS = 8
 DEFAULT_SCHEDULE = "adaptive"
 DEFAULT_CONFIDENCE_THRESHOLD: float | None = None
-DEFAULT_MAX_MATCHING_NGRAM_SIZE = 2  # transformers' default for prompt lookup
+# Transformers' default is 2; 3-token matches are right far more often (hf_specdec.lookup), and a row falls
+# back to shorter matches when there is none.
+DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 
 
 class SpeculativeGenerationMixin:
@@ -45,12 +47,13 @@ class SpeculativeGenerationMixin:
             (`hf_specdec.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
             lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target still
             verifies every token over its full vocabulary (default: the draft's whole vocabulary).
-        prompt_lookup_num_tokens (`int`): draft by prompt lookup instead of a draft model: each row proposes up to
-            this many tokens that followed its last n-gram where it last occurred in the row (prompt or
-            generated text). No draft model runs; lossless like `assistant=`, and at any batch size. With the
-            "adaptive" schedule (default) fewer are proposed when the measured acceptance at later positions
-            does not pay for verifying them; `num_assistant_tokens_schedule="constant"` always proposes this many.
-        max_matching_ngram_size (`int`): the longest n-gram prompt lookup matches (default 2).
+        prompt_lookup_num_tokens (`int`): draft by prompt lookup: each row proposes up to this many tokens that
+            followed its last n-gram where it last occurred in the row (prompt or generated text). Alone, no draft
+            model runs; with `assistant=` too, each step drafts with whichever of the two is expected to commit
+            more tokens per unit of cost. Lossless, at any batch size. With the "adaptive" schedule (default)
+            fewer are proposed when the measured acceptance at later positions does not pay for verifying them;
+            `num_assistant_tokens_schedule="constant"` always proposes this many.
+        max_matching_ngram_size (`int`): the longest n-gram prompt lookup matches (default 3).
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
         tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
             is also needed for `stop_strings`.
@@ -70,59 +73,49 @@ class SpeculativeGenerationMixin:
             raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
         if assistant is None and lookup_tokens is None:
             return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
-        if assistant is not None and lookup_tokens is not None:
-            raise ValueError("`assistant=` and `prompt_lookup_num_tokens` are two sources of drafts; pass one of them.")
         if args:
             raise TypeError("Pass generate()'s arguments after `generation_config` by keyword with `assistant=`.")
         self._check_speculative_kwargs(kwargs)
         tokenizer = kwargs.pop("tokenizer", None)
         assistant_tokenizer = kwargs.pop("assistant_tokenizer", None)
-        if assistant is None:
-            return self._generate_with_lookup(inputs, generation_config, tokenizer, kwargs)
-        check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
+        if assistant is not None:
+            check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
         if assistant_vocab is not None:
+            assert assistant is not None
             assistant_vocab = check_token_ids(
                 torch.as_tensor(assistant_vocab),
                 min(output_vocab_size(self), output_vocab_size(assistant)),
                 "`assistant_vocab`",
             )
-        config, kwargs = self._resolve_config(generation_config, kwargs)
-        policy = DraftLengthPolicy(
-            num_tokens=_pick(config.num_assistant_tokens, DEFAULT_NUM_ASSISTANT_TOKENS),
-            schedule=_pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE),
-            confidence_threshold=_pick(config.assistant_confidence_threshold, DEFAULT_CONFIDENCE_THRESHOLD),
-            cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
-        )
+        config, kwargs, lookup = self._resolve_config(generation_config, kwargs, draft_model=assistant is not None)
+        schedule = _pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE)
+        prompt_lookup = None
+        if lookup is not None:
+            if assistant is None and schedule == "heuristic":
+                raise ValueError(
+                    "num_assistant_tokens_schedule='heuristic' follows a draft model's acceptance; prompt lookup takes "
+                    "'adaptive' (default) or 'constant'."
+                )
+            prompt_lookup = PromptLookupDrafter(*lookup, adaptive=schedule != "constant")
+        if assistant is None:
+            assert lookup is not None
+            # The loop's policy only measures costs here: there is no draft forward to pay for (c = 0).
+            policy = DraftLengthPolicy(num_tokens=lookup[0], schedule="constant", cost_ratio=0.0)
+        else:
+            policy = DraftLengthPolicy(
+                num_tokens=_pick(config.num_assistant_tokens, DEFAULT_NUM_ASSISTANT_TOKENS),
+                schedule=schedule,
+                confidence_threshold=_pick(config.assistant_confidence_threshold, DEFAULT_CONFIDENCE_THRESHOLD),
+                cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
+            )
         kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
         decode = functools.partial(
             speculative_decode,
             assistant=assistant,
+            prompt_lookup=prompt_lookup,
             draft_length=policy,
             assistant_vocab=assistant_vocab,
             streamer=kwargs.get("streamer"),
-        )
-        return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
-
-    def _generate_with_lookup(
-        self,
-        inputs: torch.Tensor | None,
-        generation_config: GenerationConfig | None,
-        tokenizer: Any,
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """`generate()` with drafts from prompt lookup (`prompt_lookup_num_tokens`)."""
-        config, kwargs = self._resolve_config(generation_config, kwargs, lookup=True)
-        num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
-        config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise ValueError(f"prompt_lookup_num_tokens must be a positive integer, got {num_tokens!r}.")
-        # No draft forward to pay for (c = 0): with "adaptive" only verification's growth limits the length.
-        schedule = _pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE)
-        policy = DraftLengthPolicy(num_tokens=num_tokens, schedule=schedule, cost_ratio=0.0)
-        lookup = PromptLookupDrafter(_pick(ngram_size, DEFAULT_MAX_MATCHING_NGRAM_SIZE))
-        kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
-        decode = functools.partial(
-            speculative_decode, prompt_lookup=lookup, draft_length=policy, streamer=kwargs.get("streamer")
         )
         return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
 
@@ -146,31 +139,32 @@ class SpeculativeGenerationMixin:
                 )
 
     def _resolve_config(
-        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any], lookup: bool = False
-    ) -> tuple[GenerationConfig, dict[str, Any]]:
+        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any], draft_model: bool
+    ) -> tuple[GenerationConfig, dict[str, Any], tuple[int, int] | None]:
         """Merge `generate()`'s keyword arguments into a copy of the generation config and validate it.
 
-        `lookup`: drafts come from prompt lookup, whose settings stay in the returned config (the caller takes
-        them out); the draft model's settings are then refused.
+        `draft_model`: whether a draft model drafts (`assistant=`); without one, its settings are refused.
 
-        Returns the config and the keyword arguments that are not generation settings (model inputs,
-        processors, streamer, ...)."""
+        Returns the config (without the prompt lookup settings), the keyword arguments that are not generation
+        settings (model inputs, processors, streamer, ...), and `(prompt_lookup_num_tokens,
+        max_matching_ngram_size)` when prompt lookup drafts (else `None`)."""
         config = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
         rest = config.update(**kwargs)
-        if lookup:
+        if not draft_model:
             for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
                 if getattr(config, name, None) is not None:
                     raise ValueError(
                         f"`{name}` tunes the draft model of `assistant=`; prompt lookup drafts up to "
                         "`prompt_lookup_num_tokens` tokens per step. Drop it."
                     )
-            settings = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
-            config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
-            check_generation_config(config, per_token_scores=True)
-            config.prompt_lookup_num_tokens, config.max_matching_ngram_size = settings
-        else:
-            check_generation_config(config, per_token_scores=True)
-        return config, rest
+        num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
+        config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
+        check_generation_config(config, per_token_scores=True)
+        if num_tokens is None:
+            return config, rest, None
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise ValueError(f"prompt_lookup_num_tokens must be a positive integer, got {num_tokens!r}.")
+        return config, rest, (num_tokens, _pick(ngram_size, DEFAULT_MAX_MATCHING_NGRAM_SIZE))
 
 
 def _requested(name: str, generation_config: GenerationConfig, kwargs: dict[str, Any]) -> Any:

@@ -21,6 +21,9 @@ class SpeculativeStats:
     Whole batch (tensors of shape `(max_draft_length,)`):
         drafted_at_position / accepted_at_position: how often the j-th drafted token of a step was proposed
             and accepted, summed over rows and steps; their ratio is the acceptance rate by draft position.
+        draft_seconds / verify_seconds: time spent drafting and verifying.
+        lookup_steps: steps drafted by prompt lookup (with both a draft model and prompt lookup, the others
+            were drafted by the model).
     """
 
     target_forwards: torch.Tensor
@@ -31,6 +34,7 @@ class SpeculativeStats:
     accepted_at_position: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    lookup_steps: int = 0
 
     @classmethod
     def zeros(cls, batch_size: int) -> SpeculativeStats:
@@ -82,6 +86,7 @@ class SpeculativeStats:
             "acceptance_rate": accepted / max(drafted, 1),
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            "lookup_steps": self.lookup_steps,
         }
 
 

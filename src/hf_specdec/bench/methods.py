@@ -58,6 +58,7 @@ METHODS: dict[str, Method] = {
         Method("specdec", "specdec", {"assistant": "{draft}"}),
         Method("specdec-vocab", "specdec", {"assistant": "{draft}", "assistant_vocab": "{draft_vocab}"}),
         Method("lookup", "lookup", {"prompt_lookup_num_tokens": 10}),
+        Method("specdec-lookup", "specdec", {"assistant": "{draft}", "prompt_lookup_num_tokens": 10}),
         Method("lookup-3", "lookup", {"prompt_lookup_num_tokens": 3}),
         Method("hf-lookup", "hf-lookup", {"prompt_lookup_num_tokens": 10}),
         Method("medusa", "medusa", {"medusa": True}),

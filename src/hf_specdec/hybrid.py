@@ -1,0 +1,96 @@
+"""Prompt lookup where it pays, the draft model elsewhere: `generate(assistant=draft, prompt_lookup_num_tokens=k)`.
+
+A lookup costs nothing to draft but is only as good as the repetition in the text; a draft model is right
+more often but every drafted token costs one of its forwards. Code edits and answers that quote their
+prompt repeat long spans, where a lookup step commits many tokens for one target forward; free chat
+rarely does, where the draft model is the better bet. Each step, this drafter compares the two:
+
+    lookup:  expected tokens per row  1 + sum_j P(lookup drafts 1..j accepted)   (measured by position and
+                                                                               matched n-gram size)
+             cost                     1 + v * rows * k_lookup                  (in one-token target forwards)
+    model:   expected tokens per row  1 + mean accepted drafts in recent model steps
+             cost                     1 + (c + v * rows) * mean drafts in recent model steps
+
+and drafts with the one whose expected tokens per unit of cost is higher (`c`: a draft forward's cost,
+`v`: one more verified token per row, both measured by the loop's `DraftLengthPolicy`). Before the first
+model step the model drafts. After a lookup step the draft model catches up on the committed tokens in one
+forward at its next proposal. Either way the target verifies, so outputs stay exactly the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.drafter import DraftModelDrafter
+from hf_specdec.drafting import Proposal
+from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.sequences import TokenBuffer
+
+# Weight of the newest model step in the running means of its tokens and drafts per step.
+_SMOOTHING = 0.2
+
+
+class HybridDrafter:
+    """Drafts each step by prompt lookup or with the draft model, whichever is expected to commit more tokens
+    per unit of cost.
+
+    Args:
+        model (`DraftModelDrafter`): the draft model's drafter.
+        lookup (`PromptLookupDrafter`): the prompt lookup drafter (it measures its own acceptance).
+    """
+
+    def __init__(self, model: DraftModelDrafter, lookup: PromptLookupDrafter) -> None:
+        self.model = model
+        self.lookup = lookup
+        self.model_tokens: float | None = None  # mean committed tokens per row in recent model steps
+        self.model_drafts: float | None = None  # mean drafted tokens (draft forwards) in recent model steps
+        self.last: Proposal | None = None
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        self.model.prefill(input_ids, valid, positions)
+        self.lookup.prefill(input_ids, valid, positions)
+
+    def start(self, first_token: torch.Tensor) -> None:
+        self.model.start(first_token)
+
+    def propose(
+        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
+    ) -> Proposal:
+        """A lookup proposal when it is expected to pay more per unit of cost than a model step, else the
+        draft model's (`policy`: the loop's, for the draft model's length and the measured costs)."""
+        looked_up = self.lookup.propose(buffer, next_position, policy, max_tokens)
+        if self._lookup_pays(looked_up, int(buffer.active.numel()), policy):
+            self.last = looked_up
+        else:
+            self.last = self.model.propose(buffer, next_position, policy, max_tokens)
+        return self.last
+
+    def _lookup_pays(self, looked_up: Proposal, rows: int, policy: DraftLengthPolicy) -> bool:
+        k = looked_up.tokens.shape[1]
+        if k == 0 or self.model_tokens is None or self.model_drafts is None:
+            return False
+        v = policy.per_token_cost
+        lookup_rate = self.lookup.expected_tokens() / (1.0 + v * rows * k)
+        model_rate = self.model_tokens / (1.0 + (policy.cost_ratio + v * rows) * self.model_drafts)
+        return lookup_rate > model_rate
+
+    def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+        assert self.last is not None
+        if self.last.source == "model":
+            self.model.commit(num_accepted, num_drafted, next_token)
+            tokens, drafts = 1.0 + float(num_accepted.float().mean()), float(num_drafted)
+            if self.model_tokens is None or self.model_drafts is None:
+                self.model_tokens, self.model_drafts = tokens, drafts
+            else:
+                self.model_tokens += _SMOOTHING * (tokens - self.model_tokens)
+                self.model_drafts += _SMOOTHING * (drafts - self.model_drafts)
+            return
+        self.lookup.commit(num_accepted, num_drafted, next_token)
+        committed = torch.cat([self.last.tokens, next_token[:, None]], dim=1)  # (A, k+1)
+        committed.scatter_(1, num_accepted[:, None], next_token[:, None])  # accepted lookups, then the target's
+        self.model.catch_up(committed, num_accepted + 1)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        self.model.select_rows(keep)
+        self.lookup.select_rows(keep)

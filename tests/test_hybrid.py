@@ -1,0 +1,126 @@
+"""A draft model and prompt lookup together: each step drafts with one of them, outputs stay the target's."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import LogitsProcessorList
+
+from hf_specdec.drafter import DraftModelDrafter
+from hf_specdec.hybrid import HybridDrafter
+from hf_specdec.processing import RaggedLogitsProcessor
+from tests.test_sampling_distribution import (
+    ALPHA,
+    MAX_NEW,
+    PAD,
+    PROMPT_A,
+    PROMPT_B,
+    SAMPLING,
+    _models,
+    _pvalues,
+)
+from tests.test_sampling_distribution import _target_joint as sampling_joint
+from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
+
+NEW = 40
+
+
+@pytest.fixture
+def alternating(monkeypatch):
+    """Make every other step a lookup step (when the lookup found anything): both sources and the draft
+    model's catch-up after lookup steps run deterministically, whatever the measured costs."""
+    turns = itertools.cycle([True, False])
+
+    def lookup_pays(self, looked_up, rows, policy) -> bool:
+        return looked_up.tokens.shape[1] > 0 and next(turns)
+
+    monkeypatch.setattr(HybridDrafter, "_lookup_pays", lookup_pays)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_alternating_sources_match_plain_greedy(arch: str, batch: int, alternating) -> None:
+    target = tiny_target(arch)
+    draft = tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(batch, seed=batch)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        assistant=draft,
+        num_assistant_tokens=3,
+        prompt_lookup_num_tokens=5,
+        num_assistant_tokens_schedule="constant",
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculative
+    steps = int(stats.target_forwards.max())
+    assert 0 < stats.lookup_steps < steps  # both sources drafted
+    assert int(stats.accepted_tokens.sum()) > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_measured_choice_matches_plain_greedy(arch: str) -> None:
+    """Without forcing: the choice follows measured costs, so only identity is deterministic."""
+    target = tiny_target(arch)
+    draft = tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(3, seed=5)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        assistant=draft,
+        prompt_lookup_num_tokens=6,
+    )
+    assert torch.equal(out, plain)
+
+
+def test_draft_model_catches_up_on_committed_tokens() -> None:
+    """After a lookup step the draft model has not seen the committed tokens: they join the tokens it had not
+    seen yet, right-aligned, to be fed in one forward."""
+    drafter = DraftModelDrafter(
+        tiny_model("llama", seed=0), 96, RaggedLogitsProcessor(LogitsProcessorList()), do_sample=False
+    )
+    drafter.pending = torch.tensor([[0, 7], [5, 6]])
+    drafter.pending_count = torch.tensor([1, 2])
+    drafter.catch_up(torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.tensor([3, 1]))
+    assert drafter.pending.tolist() == [[7, 11, 12, 13], [0, 5, 6, 21]]
+    assert drafter.pending_count.tolist() == [4, 3]
+
+
+@pytest.mark.parametrize(("mode", "num_tokens"), [("plain", 2), ("warped", 3)])
+def test_samples_follow_target_distribution(mode: str, num_tokens: int, alternating) -> None:
+    """Steps drafted by the model (q from the draft) and by lookup (certain drafts) alternate in every row of a
+    ragged batch; the samples must follow the target's distribution."""
+    target, draft = _models()
+    prompts = (PROMPT_A, PROMPT_B)
+    rows = [prompts[i % 2] for i in range(8000)]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([(PAD,) * (width - len(p)) + p for p in rows])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        assistant=draft,
+        num_assistant_tokens=num_tokens,
+        prompt_lookup_num_tokens=num_tokens,
+        num_assistant_tokens_schedule="constant",
+        do_sample=True,
+        max_new_tokens=MAX_NEW,
+        generator=torch.Generator().manual_seed(78),
+        return_dict_in_generate=True,
+        **sampling,
+    )
+    assert out.speculative.lookup_steps > 0
+    generated = out.sequences[:, width:]
+    for i, prompt in enumerate(prompts):
+        pvalues = _pvalues(generated[i::2], sampling_joint(prompt, mode))
+        assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
