@@ -86,3 +86,36 @@ def chisquare_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
             exp[i] += pooled_exp
     assert len(exp) >= 2, "too few cells for a chi-square test"
     return float(chisquare(obs, exp).pvalue)
+
+
+def sample_copies(
+    model: PreTrainedModel,
+    prompts: tuple[tuple[int, ...], ...],
+    copies: int,
+    pad: int,
+    max_new_tokens: int,
+    seed: int,
+    **generate_kwargs,
+) -> tuple[list[torch.Tensor], object]:
+    """Sample `max_new_tokens` tokens for `copies` copies of each prompt in one left-padded batch (the prompts'
+    rows interleaved; rows are independent samples), with `do_sample=True` and a seeded generator.
+
+    Returns the generated tokens `(copies, max_new_tokens)` of each prompt, and the speculative statistics.
+    """
+    width = max(len(p) for p in prompts)
+    rows = [prompts[i % len(prompts)] for i in range(copies * len(prompts))]
+    input_ids = torch.tensor([(pad,) * (width - len(p)) + p for p in rows])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        do_sample=True,
+        max_new_tokens=max_new_tokens,
+        generator=torch.Generator().manual_seed(seed),
+        return_dict_in_generate=True,
+        **generate_kwargs,
+    )
+    assert out.sequences.shape == (len(rows), width + max_new_tokens)
+    assert torch.equal(out.sequences[:, :width], input_ids)
+    generated = out.sequences[:, width:]
+    return [generated[i :: len(prompts)] for i in range(len(prompts))], out.speculative

@@ -11,6 +11,7 @@ from transformers import LogitsProcessorList
 from hf_specdec.drafter import DraftModelDrafter
 from hf_specdec.hybrid import HybridDrafter
 from hf_specdec.processing import RaggedLogitsProcessor
+from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
     ALPHA,
     MAX_NEW,
@@ -100,27 +101,22 @@ def test_samples_follow_target_distribution(mode: str, num_tokens: int, alternat
     """Steps drafted by the model (q from the draft) and by lookup (certain drafts) alternate in every row of a
     ragged batch; the samples must follow the target's distribution."""
     target, draft = _models()
-    prompts = (PROMPT_A, PROMPT_B)
-    rows = [prompts[i % 2] for i in range(8000)]
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([(PAD,) * (width - len(p)) + p for p in rows])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
     sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
-    out = target.generate(
-        input_ids,
-        attention_mask=attention_mask,
+    prompts = (PROMPT_A, PROMPT_B)
+    samples, stats = sample_copies(
+        target,
+        prompts,
+        4000,
+        PAD,
+        MAX_NEW,
+        78,
         assistant=draft,
         num_assistant_tokens=num_tokens,
         prompt_lookup_num_tokens=num_tokens,
         num_assistant_tokens_schedule="constant",
-        do_sample=True,
-        max_new_tokens=MAX_NEW,
-        generator=torch.Generator().manual_seed(78),
-        return_dict_in_generate=True,
         **sampling,
     )
-    assert out.speculative.lookup_steps > 0
-    generated = out.sequences[:, width:]
-    for i, prompt in enumerate(prompts):
-        pvalues = _pvalues(generated[i::2], sampling_joint(prompt, mode))
+    assert stats.lookup_steps > 0
+    for generated, prompt in zip(samples, prompts, strict=True):
+        pvalues = _pvalues(generated, sampling_joint(prompt, mode))
         assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)

@@ -11,6 +11,7 @@ import hf_specdec.decoding
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.lookup import PromptLookupDrafter, lookup_continuation
 from hf_specdec.sequences import TokenBuffer
+from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
     ALPHA,
     MAX_NEW,
@@ -149,26 +150,19 @@ def test_rows_stop_at_their_own_eos() -> None:
 
 
 def _lookup_samples(prompts: tuple[tuple[int, ...], ...], num_tokens: int, mode: str, seed: int):
-    target, _ = _models()
-    rows = [prompts[i % len(prompts)] for i in range(4000 * len(prompts))]
-    width = max(len(p) for p in rows)
-    input_ids = torch.tensor([(PAD,) * (width - len(p)) + p for p in rows])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
     sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
-    out = target.generate(
-        input_ids,
-        attention_mask=attention_mask,
+    return sample_copies(
+        _models()[0],
+        prompts,
+        4000,
+        PAD,
+        MAX_NEW,
+        seed,
         prompt_lookup_num_tokens=num_tokens,
         max_matching_ngram_size=2,
         num_assistant_tokens_schedule="constant",  # deterministic lengths (adaptive ones follow timings)
-        do_sample=True,
-        max_new_tokens=MAX_NEW,
-        generator=torch.Generator().manual_seed(seed),
-        return_dict_in_generate=True,
         **sampling,
     )
-    generated = out.sequences[:, width:]
-    return [generated[i :: len(prompts)] for i in range(len(prompts))], out.speculative
 
 
 @pytest.mark.parametrize(("mode", "num_tokens"), [("plain", 2), ("warped", 3)])

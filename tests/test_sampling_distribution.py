@@ -34,7 +34,7 @@ from transformers import (
 import hf_specdec
 import hf_specdec.decoding
 from hf_specdec.acceptance import residual_distribution, speculative_sampling
-from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sampling_warpers
+from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
 
 VOCAB = 8
 PAD = 0
@@ -122,28 +122,20 @@ def _speculative_samples(
     """Generate MAX_NEW tokens for NUM_SAMPLES copies of each prompt in one left-padded batch, rows of the
     prompts interleaved. Returns the generated tokens `(NUM_SAMPLES, MAX_NEW)` of each prompt and the stats."""
     target, draft = _models()
-    width = max(len(p) for p in prompts)
-    rows = [prompts[i % len(prompts)] for i in range(NUM_SAMPLES * len(prompts))]
-    input_ids = torch.tensor([(PAD,) * (width - len(p)) + p for p in rows])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
     sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
-    out = target.generate(
-        input_ids,
-        attention_mask=attention_mask,
+    return sample_copies(
+        target,
+        prompts,
+        NUM_SAMPLES,
+        PAD,
+        MAX_NEW,
+        seed,
         assistant=draft,
         num_assistant_tokens=num_assistant_tokens,
         num_assistant_tokens_schedule=schedule,  # "constant": every step drafts exactly this many
-        do_sample=True,
-        max_new_tokens=MAX_NEW,
-        generator=torch.Generator().manual_seed(seed),
-        return_dict_in_generate=True,
         **sampling,
         **extra,
     )
-    assert out.sequences.shape == (len(rows), width + MAX_NEW)
-    assert torch.equal(out.sequences[:, :width], input_ids)
-    generated = out.sequences[:, width:]
-    return [generated[i :: len(prompts)] for i in range(len(prompts))], out.speculative
 
 
 @functools.cache
