@@ -76,3 +76,11 @@ def test_planned_length_is_the_current_length_without_the_adaptive_schedule() ->
     policy = DraftLengthPolicy(num_tokens=5, schedule="constant")
     policy.update(5, torch.zeros(3, dtype=torch.long))
     assert policy.planned_length(rows=3) == 5
+
+
+def test_prior_acceptance_sets_the_rate_before_any_measurement() -> None:
+    policy = DraftLengthPolicy(num_tokens=4, cost_ratio=0.0, prior_acceptance=0.8)
+    assert policy.acceptance_rate(0) == 0.8
+    assert policy.expected_tokens([2]) == pytest.approx(1 + 0.8 + 0.64)
+    policy.update(1, torch.zeros(2, dtype=torch.long))  # two rejections: (0 + 1.6) / (2 + 2)
+    assert policy.acceptance_rate(0) == pytest.approx(0.4)

@@ -102,8 +102,9 @@ def test_each_match_size_drafts_as_far_as_its_measured_acceptance_pays() -> None
     assert drafter._sizes == [1, 3]
     assert proposal.lengths.tolist() == [0, 4]
     assert proposal.tokens[1].tolist() == [4, 5, 6, 1]
-    rate = 20 / 21  # about 19 remembered drafts, all accepted, and the prior's one accepted and one rejected
-    assert drafter.expected_tokens() == pytest.approx((1.0 + sum(rate**j for j in range(5))) / 2, abs=0.02)
+    rate = drafter.history[3].acceptance_rate(0)  # about 19 remembered drafts, all accepted, and the prior
+    assert rate > 0.95 and drafter.history[1].acceptance_rate(0) < 0.05
+    assert drafter.expected_tokens() == pytest.approx((1.0 + sum(rate**j for j in range(5))) / 2)
 
 
 @pytest.mark.parametrize("arch", sorted(BUILDERS))

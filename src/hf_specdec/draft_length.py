@@ -34,8 +34,8 @@ SCHEDULES = ("constant", "heuristic", "adaptive")
 # Weight of the newest measurement in the running estimate of the draft/target cost ratio.
 _COST_SMOOTHING = 0.2
 # Acceptance history by draft position: per step older counts keep this weight, and each position remembers
-# at most this many drafts. With no new drafts at a position its rate drifts back to the prior of 1/2 within
-# a few dozen steps, so a drafter that stopped drafting tries again.
+# at most this many drafts. With no new drafts at a position its rate drifts back to the prior within a few
+# dozen steps, so a drafter that stopped drafting tries again.
 _HISTORY_DECAY = 0.9
 _HISTORY_DRAFTS = 20.0
 
@@ -52,6 +52,8 @@ class DraftLengthPolicy:
             this in every row; `None` never stops on it.
         cost_ratio (`float`): the first estimate of a draft forward's cost in target forwards ("adaptive").
         max_tokens (`int`): the most tokens the heuristic schedule may grow to.
+        prior_acceptance (`float`): the acceptance rate assumed at a draft position before any is measured
+            (worth two drafts of evidence).
     """
 
     num_tokens: int = 8
@@ -59,6 +61,7 @@ class DraftLengthPolicy:
     confidence_threshold: float | None = None
     cost_ratio: float = 0.3
     max_tokens: int = 16
+    prior_acceptance: float = 0.5
     _current: int = field(init=False, repr=False)
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
     _verify: _VerifyCost = field(init=False, repr=False)
@@ -137,11 +140,11 @@ class DraftLengthPolicy:
                 self._accepted[j] *= scale
 
     def acceptance_rate(self, position: int) -> float:
-        """Recent share of drafts at `position` (0-based) accepted when every earlier draft was, with a prior
-        of one accepted and one rejected draft."""
+        """Recent share of drafts at `position` (0-based) accepted when every earlier draft was, with the prior
+        counted as two drafts accepted at `prior_acceptance`."""
         if position >= len(self._reached):
-            return 0.5
-        return (self._accepted[position] + 1.0) / (self._reached[position] + 2.0)
+            return self.prior_acceptance
+        return (self._accepted[position] + 2.0 * self.prior_acceptance) / (self._reached[position] + 2.0)
 
     @property
     def per_token_cost(self) -> float:

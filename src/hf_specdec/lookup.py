@@ -17,7 +17,8 @@ How far to trust a match depends mostly on its length. Replaying lookup over Qwe
 replies to the benchmark's prompts, the first looked-up token was right after 23-32% of single-token
 matches and after 82% or more of 3-token matches. So the acceptance rate by draft position is measured
 separately for each matched n-gram size, and with the "adaptive" schedule each row drafts as far as its own
-match is expected to pay for verification (`DraftLengthPolicy.planned_length`).
+match is expected to pay for verification (`DraftLengthPolicy.planned_length`), starting from a prior per
+size taken from that replay (`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import torch
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafting import Proposal
 from hf_specdec.sequences import TokenBuffer
+
+# Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
+# last entry); from the replay described above.
+PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.8}
 
 
 def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: int) -> tuple[torch.Tensor, int]:
@@ -71,7 +76,8 @@ class PromptLookupDrafter:
         schedule = "adaptive" if adaptive else "constant"
         # Acceptance by draft position, per matched n-gram size (c = 0: drafting costs no forward).
         self.history = {
-            n: DraftLengthPolicy(num_tokens, schedule, cost_ratio=0.0) for n in range(1, max_ngram_size + 1)
+            n: DraftLengthPolicy(num_tokens, schedule, cost_ratio=0.0, prior_acceptance=PRIOR_ACCEPTANCE[min(n, 3)])
+            for n in range(1, max_ngram_size + 1)
         }
         self.starts: torch.Tensor | None = None  # (A,) first real token of each active row (after left padding)
         self._last: Proposal | None = None
