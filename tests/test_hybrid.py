@@ -120,3 +120,49 @@ def test_samples_follow_target_distribution(mode: str, num_tokens: int, alternat
     for generated, prompt in zip(samples, prompts, strict=True):
         pvalues = _pvalues(generated, sampling_joint(prompt, mode))
         assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, alternating) -> None:
+    """With the target as its own draft, every model step must accept all its drafts: a draft cache that
+    missed or repeated a token committed by a lookup step would propose something else."""
+    target = tiny_target(arch)
+    model_steps: list[tuple[list[int], int]] = []
+    commit = HybridDrafter.commit
+
+    def recording_commit(self, num_accepted, num_drafted, next_token):
+        if self.last.source == "model":
+            model_steps.append((num_accepted.tolist(), num_drafted))
+        commit(self, num_accepted, num_drafted, next_token)
+
+    monkeypatch.setattr(HybridDrafter, "commit", recording_commit)
+    ids, mask = ragged_batch(3, seed=11)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        assistant=target,
+        num_assistant_tokens=3,
+        prompt_lookup_num_tokens=4,
+        num_assistant_tokens_schedule="constant",
+        return_dict_in_generate=True,
+    )
+    assert out.speculative.lookup_steps > 0 and len(model_steps) > 1
+    assert all(all(a == drafted for a in accepted) for accepted, drafted in model_steps), model_steps
+
+
+def test_lookup_learns_from_model_steps() -> None:
+    """On a model step, the lookup's own proposal is scored against the committed tokens: positions it got
+    right count as accepted, the first wrong one as rejected, positions past the committed ones not at all."""
+    from hf_specdec.drafting import Proposal
+    from hf_specdec.lookup import PromptLookupDrafter
+
+    lookup = PromptLookupDrafter(num_tokens=4, max_ngram_size=1)
+    lookup._sizes = [1, 1]
+    lookup._last = Proposal(torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), lengths=torch.tensor([4, 4]), source="lookup")
+    # Row 0 committed 5, 6, 9 (two right, then wrong); row 1 committed only 5 (one right, the rest unknown).
+    lookup.observe(torch.tensor([[5, 6, 9, 0], [5, 0, 0, 0]]), torch.tensor([3, 1]))
+    history = lookup.history[1]
+    assert history._reached[:3] == pytest.approx([2.0, 1.0, 1.0])
+    assert history._accepted[:3] == pytest.approx([2.0, 1.0, 0.0])

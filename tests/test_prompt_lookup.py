@@ -34,22 +34,23 @@ def _t(*tokens: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("tokens", "ngram", "num", "expected"),
+    ("tokens", "ngram", "num", "expected", "size"),
     [
-        ((5, 6, 7, 8, 5, 6), 2, 3, (7, 8, 5)),  # bigram (5, 6) seen at 0: propose what followed
-        ((5, 6, 7, 9, 6, 1, 2, 5, 6), 2, 2, (7, 9)),
-        ((1, 6, 2, 3, 6, 4, 6), 2, 2, (4, 6)),  # no earlier bigram (4, 6): most recent unigram 6, at 4
-        ((1, 2, 9, 1, 2, 7, 1, 2), 2, 1, (7,)),  # two earlier matches: the most recent one
-        ((3, 4, 5, 3, 4), 3, 10, (5, 3, 4)),  # continuation stops at the row's end
-        ((1, 2, 3, 4), 2, 5, ()),  # nothing repeats
-        ((7,), 2, 5, ()),
-        ((4, 4), 2, 3, (4,)),
+        ((5, 6, 7, 8, 5, 6), 2, 3, (7, 8, 5), 2),  # bigram (5, 6) seen at 0: propose what followed
+        ((5, 6, 7, 9, 6, 1, 2, 5, 6), 2, 2, (7, 9), 2),
+        ((1, 6, 2, 3, 6, 4, 6), 2, 2, (4, 6), 1),  # no earlier bigram (4, 6): most recent unigram 6, at 4
+        ((1, 2, 9, 1, 2, 7, 1, 2), 2, 1, (7,), 2),  # two earlier matches: the most recent one
+        ((3, 4, 5, 3, 4), 3, 7, (5, 3, 4, 5, 3, 4, 5), 2),  # reaches the row's end: repeats with period 3
+        ((9, 5, 5, 5, 5), 3, 4, (5, 5, 5, 5), 3),  # a run of one token continues
+        ((1, 2, 3, 4), 2, 5, (), 0),  # nothing repeats
+        ((7,), 2, 5, (), 0),
+        ((4, 4), 2, 3, (4, 4, 4), 1),
     ],
 )
-def test_lookup_continuation(tokens, ngram, num, expected) -> None:
-    continuation, size = lookup_continuation(_t(*tokens), ngram, num)
+def test_lookup_continuation(tokens, ngram, num, expected, size) -> None:
+    continuation, matched = lookup_continuation(_t(*tokens), ngram, num)
     assert continuation.tolist() == list(expected)
-    assert (size > 0) == bool(expected)
+    assert matched == size
 
 
 def test_lookup_prefers_the_longest_ngram() -> None:
@@ -76,11 +77,11 @@ def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     drafter = PromptLookupDrafter(num_tokens=4, max_ngram_size=2)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
     proposal = drafter.propose(buffer, torch.zeros(3, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
-    assert proposal.lengths.tolist() == [0, 3, 3]
-    assert proposal.tokens[1].tolist() == [7, 4, 6] and proposal.tokens[2].tolist() == [2, 3, 1]
+    assert proposal.lengths.tolist() == [0, 4, 4]  # row 0 has no match; the others repeat what they repeat
+    assert proposal.tokens[1].tolist() == [7, 4, 6, 7] and proposal.tokens[2].tolist() == [2, 3, 1, 2]
     assert proposal.q is None and proposal.forwards == 0
     # The drafts sit after each row's tokens, uncommitted, for the logits processors of verification.
-    assert buffer.tokens[1, 5:8].tolist() == [7, 4, 6]
+    assert buffer.tokens[1, 5:9].tolist() == [7, 4, 6, 7]
     assert buffer.lengths.tolist() == [5, 5, 5]
     # Rows leaving the batch take their starts with them.
     drafter.select_rows(torch.tensor([1]))

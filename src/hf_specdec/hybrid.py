@@ -13,8 +13,10 @@ rarely does, where the draft model is the better bet. Each step, this drafter co
 
 and drafts with the one whose expected tokens per unit of cost is higher (`c`: a draft forward's cost,
 `v`: one more verified token per row, both measured by the loop's `DraftLengthPolicy`). Before the first
-model step the model drafts. After a lookup step the draft model catches up on the committed tokens in one
-forward at its next proposal. Either way the target verifies, so outputs stay exactly the target's.
+model step the model drafts. On model steps the lookup's proposal is compared with the committed tokens,
+so its acceptance keeps being measured while it is not used. After a lookup step the draft model catches up
+on the committed tokens in one forward at its next proposal. Either way the target verifies, so outputs stay
+exactly the target's.
 """
 
 from __future__ import annotations
@@ -77,8 +79,12 @@ class HybridDrafter:
 
     def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         assert self.last is not None
+        committed = torch.cat([self.last.tokens, next_token[:, None]], dim=1)  # (A, k+1)
+        committed.scatter_(1, num_accepted[:, None], next_token[:, None])  # accepted drafts, then the target's
         if self.last.source == "model":
             self.model.commit(num_accepted, num_drafted, next_token)
+            # What the lookup would have drafted is known too: learn from it, so lookup can win again.
+            self.lookup.observe(committed, num_accepted + 1)
             tokens, drafts = 1.0 + float(num_accepted.float().mean()), float(num_drafted)
             if self.model_tokens is None or self.model_drafts is None:
                 self.model_tokens, self.model_drafts = tokens, drafts
@@ -87,8 +93,6 @@ class HybridDrafter:
                 self.model_drafts += _SMOOTHING * (drafts - self.model_drafts)
             return
         self.lookup.commit(num_accepted, num_drafted, next_token)
-        committed = torch.cat([self.last.tokens, next_token[:, None]], dim=1)  # (A, k+1)
-        committed.scatter_(1, num_accepted[:, None], next_token[:, None])  # accepted lookups, then the target's
         self.model.catch_up(committed, num_accepted + 1)
 
     def select_rows(self, keep: torch.Tensor) -> None:

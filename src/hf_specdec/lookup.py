@@ -44,7 +44,9 @@ def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: i
 
     Returns:
         `(continuation, n)`: `torch.LongTensor` of shape `(m,)` with `0 <= m <= num_tokens`, and the size of
-        the matched n-gram (`(empty, 0)` when no suffix occurs earlier).
+        the matched n-gram (`(empty, 0)` when no suffix occurs earlier). When the continuation reaches the end
+        of the row (a repeating stretch: indentation, `----`, a cycle of tokens) it is repeated with that
+        period up to `num_tokens`.
     """
     length = tokens.shape[0]
     for n in range(min(max_ngram_size, length - 1), 0, -1):
@@ -53,7 +55,11 @@ def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: i
         hits = (windows == tokens[length - n :]).all(dim=1).nonzero().flatten()
         if hits.numel():
             start = int(hits[-1]) + n
-            return tokens[start : start + num_tokens], n
+            continuation = tokens[start : start + num_tokens]
+            if continuation.numel() < num_tokens:
+                # The match ends the row: the text repeats with period `length - start`; go on repeating it.
+                continuation = continuation.repeat(-(-num_tokens // continuation.numel()))[:num_tokens]
+            return continuation, n
     return tokens[:0], 0
 
 
@@ -101,8 +107,8 @@ class PromptLookupDrafter:
         padded with filler that the `lengths` of the proposal exclude from acceptance.
         """
         assert self.starts is not None
-        rows = buffer.tokens[buffer.active].cpu()  # (A, width)
         ends = buffer.active_lengths.cpu()
+        rows = buffer.tokens[buffer.active, : int(ends.max())].cpu()  # (A, longest row)
         v = policy.per_token_cost
         found: list[torch.Tensor] = []
         self._sizes = []
@@ -137,11 +143,27 @@ class PromptLookupDrafter:
     def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         """Record, for each matched n-gram size, how far its rows' drafts were accepted."""
         assert self._last is not None and self._last.lengths is not None
+        self._record(num_drafted, num_accepted.cpu(), self._last.lengths.cpu())
+
+    def observe(self, committed: torch.Tensor, counts: torch.Tensor) -> None:
+        """Learn from a step another drafter drafted: row b committed `committed[b, :counts[b]]`. A looked-up
+        token that equals the committed one (and every earlier one did) would have been accepted; positions
+        past the committed tokens are unknown and not counted."""
+        assert self._last is not None and self._last.lengths is not None
+        looked_up, lengths = self._last.tokens.cpu(), self._last.lengths.cpu()
+        committed, counts = committed.cpu(), counts.cpu()
+        width = min(looked_up.shape[1], committed.shape[1])
+        seen = torch.minimum(lengths, counts)  # (A,) positions whose outcome is known
+        same = looked_up[:, :width] == committed[:, :width]
+        same &= torch.arange(width)[None, :] < seen[:, None]
+        matched = same.long().cumprod(dim=1).sum(dim=1)  # (A,)
+        self._record(width, matched, seen)
+
+    def _record(self, k: int, num_accepted: torch.Tensor, lengths: torch.Tensor) -> None:
         sizes = torch.tensor(self._sizes)
-        num_accepted, lengths = num_accepted.cpu(), self._last.lengths.cpu()
         for n in sorted(set(self._sizes) - {0}):
             rows = sizes == n
-            self.history[n].update(num_drafted, num_accepted[rows], lengths[rows])
+            self.history[n].update(k, num_accepted[rows], lengths[rows])
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it."""
