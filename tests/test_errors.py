@@ -31,6 +31,7 @@ def _generate(target, draft, **kwargs):
         ({"stop_strings": ["foo"]}, "tokenizer"),
         ({"penalty_alpha": 0.6, "top_k": 4}, "another decoding strategy"),
         ({"prompt_lookup_num_tokens": 0}, "positive integer"),
+        ({"max_matching_ngram_size": 2}, "pass `prompt_lookup_num_tokens` too"),
         ({"use_cache": False}, "use_cache=False"),
         ({"cache_implementation": "static"}, "cache_implementation"),
         ({"assistant_vocab": [1, 500]}, "outside the model's"),

@@ -1,8 +1,9 @@
 """hf_specdec: lossless speculative decoding for Hugging Face transformers causal LMs, at any batch size."""
 
-from hf_specdec.acceptance import greedy_accept, residual_distribution, speculative_sampling
+from hf_specdec.acceptance import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads
 from hf_specdec.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
@@ -14,11 +15,13 @@ __all__ = [
     "MedusaConfig",
     "MedusaForCausalLM",
     "MedusaHeads",
+    "PromptLookupDrafter",
     "SpeculativeDecoderOnlyOutput",
     "SpeculativeGenerationMixin",
     "SpeculativeStats",
     "build_tree",
     "greedy_accept",
+    "point_draft_sampling",
     "preset_tree",
     "residual_distribution",
     "speculative",

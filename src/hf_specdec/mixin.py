@@ -54,6 +54,8 @@ class SpeculativeGenerationMixin:
             fewer are proposed when the measured acceptance at later positions does not pay for verifying them;
             `num_assistant_tokens_schedule="constant"` always proposes this many.
         max_matching_ngram_size (`int`): the longest n-gram prompt lookup matches (default 3).
+        With both `assistant=` and prompt lookup, `num_assistant_tokens_schedule` applies to the draft model, and
+        the lookup is adaptive unless the schedule is `"constant"`.
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
         tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
             is also needed for `stop_strings`.
@@ -159,8 +161,13 @@ class SpeculativeGenerationMixin:
                     )
         num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
         config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
-        check_generation_config(config, per_token_scores=True)
+        path = "prompt lookup" if not draft_model else "`assistant=`"
+        check_generation_config(config, per_token_scores=True, path=path)
         if num_tokens is None:
+            if ngram_size is not None:
+                raise ValueError(
+                    "`max_matching_ngram_size` sets how prompt lookup matches; pass `prompt_lookup_num_tokens` too."
+                )
             return config, rest, None
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
             raise ValueError(f"prompt_lookup_num_tokens must be a positive integer, got {num_tokens!r}.")

@@ -84,37 +84,40 @@ _OTHER_STRATEGIES = (
 )
 
 
-def check_generation_config(config: GenerationConfig, per_token_scores: bool = False) -> None:
+def check_generation_config(
+    config: GenerationConfig, per_token_scores: bool = False, path: str = "`assistant=`"
+) -> None:
     """Raise `ValueError` for generation settings speculative decoding does not support.
 
     `per_token_scores`: whether the decoding path can return `output_scores` / `output_logits`.
+    `path`: how the messages name the speculative path the user chose.
     """
     for name in _OTHER_STRATEGIES:
         value = getattr(config, name, None)
         if value not in (None, False, 0):
             raise ValueError(
-                f"`{name}` belongs to another decoding strategy and cannot be combined with `assistant=`; "
-                "drop it, or drop `assistant=` to use that strategy."
+                f"`{name}` belongs to another decoding strategy and cannot be combined with {path}; "
+                f"drop it, or drop {path} to use that strategy."
             )
     if config.use_cache is False:
         raise ValueError("Speculative decoding rolls the KV cache back and forth: `use_cache=False` cannot apply.")
     if config.cache_implementation not in (None, "dynamic"):
         raise ValueError(
-            f"cache_implementation={config.cache_implementation!r} is not supported with `assistant=`: speculative "
+            f"cache_implementation={config.cache_implementation!r} is not supported with {path}: speculative "
             "decoding keeps its own dynamic caches. Leave cache_implementation unset."
         )
     if (config.num_beams or 1) > 1:
         raise ValueError(
-            f"Beam search (num_beams={config.num_beams}) cannot be combined with `assistant=`: speculative "
-            "decoding verifies one continuation per row. Use num_beams=1 or drop `assistant=`."
+            f"Beam search (num_beams={config.num_beams}) cannot be combined with {path}: speculative "
+            f"decoding verifies one continuation per row. Use num_beams=1 or drop {path}."
         )
     if config.num_beam_groups is not None and config.num_beam_groups > 1:
-        raise ValueError("Diverse beam search cannot be combined with `assistant=`.")
+        raise ValueError(f"Diverse beam search cannot be combined with {path}.")
     if config.guidance_scale is not None and config.guidance_scale != 1:
-        raise ValueError("Classifier-free guidance (guidance_scale) cannot be combined with `assistant=`.")
+        raise ValueError(f"Classifier-free guidance (guidance_scale) cannot be combined with {path}.")
     mode = config.get_generation_mode()
     if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH):
-        raise ValueError(f"Generation mode {mode.value!r} cannot be combined with `assistant=`.")
+        raise ValueError(f"Generation mode {mode.value!r} cannot be combined with {path}.")
     unsupported = [
         name
         for name in ("output_attentions", "output_hidden_states", "output_scores", "output_logits")
@@ -122,7 +125,7 @@ def check_generation_config(config: GenerationConfig, per_token_scores: bool = F
     ]
     if unsupported:
         raise ValueError(
-            f"{unsupported} are not available with `assistant=` yet: the verification forward scores "
+            f"{unsupported} are not available with {path} yet: the verification forward scores "
             "several tokens at once. Use `return_dict_in_generate=True` for the sequences and speculative "
             "statistics, or plain `generate()` for per-step outputs."
         )

@@ -212,7 +212,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             (generation_config or self.base.generation_config).to_dict()
         )
         rest = config.update(**kwargs)
-        check_generation_config(config)
+        check_generation_config(config, path="`medusa=True`")
         if medusa_acceptance == "typical" and not config.do_sample:
             raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
         decode = functools.partial(
