@@ -75,6 +75,7 @@ def run_demo(
     timed_generate(target, inputs, pad, **dict(greedy, max_new_tokens=4))  # warm-up
     plain = timed_generate(target, inputs, pad, **greedy)
     fast = timed_generate(target, inputs, pad, **spec)
+    both = timed_generate(target, inputs, pad, **spec, prompt_lookup_num_tokens=10)
     prompt_length = inputs["input_ids"].shape[1]
     for title, run in (("plain generate()", plain), ("generate(assistant=draft)", fast)):
         print(f"\n=== {title}: {run.new_tokens} tokens in {run.seconds:.1f} s, {run.tokens_per_second:.1f} tokens/s")
@@ -91,7 +92,16 @@ def run_demo(
     )
     if not identical:
         _explain_divergences(target, plain, fast, inputs)
-    return identical
+    assert both.stats is not None
+    both_identical = torch.equal(plain.sequences, both.sequences)
+    print(
+        f"with prompt lookup too (generate(assistant=draft, prompt_lookup_num_tokens=10)): "
+        f"speedup {plain.seconds / both.seconds:.2f}x, {both.stats.lookup_steps} steps drafted by lookup, "
+        f"identical tokens: {'yes' if both_identical else 'no'}"
+    )
+    if not both_identical:
+        _explain_divergences(target, plain, both, inputs)
+    return identical and both_identical
 
 
 def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict) -> None:
