@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.draft_length import AcceptanceHistory, DraftLengthPolicy
 
 
 def test_adaptive_costs_are_recovered_from_step_timings() -> None:
@@ -46,41 +46,37 @@ def test_planned_length_follows_the_measured_acceptance_by_position() -> None:
     """Without a draft confidence (prompt lookup), the rule runs on the acceptance rates measured at each
     position: 0.9, then 5/9, then 1/5 given the earlier ones (a little closer to 1/2 with the prior), so
     expected gains of about 0.86, 0.47 and 0.11."""
-    policy = DraftLengthPolicy(num_tokens=6, cost_ratio=0.0)
-    assert policy.planned_length(rows=1) == 6  # no history and free verification: the prior (1/2) pays
+    history = AcceptanceHistory()
+    assert history.planned_length(6, cost=0.0) == 6  # no history and free verification: the prior (1/2) pays
     for _ in range(200):  # 10 rows drafting 3 tokens: 1 accepts none, 4 accept one, 4 two, 1 all three
-        policy.update(3, torch.tensor([0, 1, 1, 1, 1, 2, 2, 2, 2, 3]))
-    assert [policy.acceptance_rate(j) for j in range(3)] == pytest.approx([0.86, 0.55, 0.23], abs=0.01)
-    assert policy.planned_length(rows=1) == 6  # per-token cost still 0: every position with a gain pays
+        history.update(3, torch.tensor([0, 1, 1, 1, 1, 2, 2, 2, 2, 3]))
+    assert [history.acceptance_rate(j) for j in range(3)] == pytest.approx([0.86, 0.55, 0.23], abs=0.01)
+    assert history.planned_length(6, cost=0.0) == 6  # per-token cost 0: every position with a gain pays
     # Verification: 0.2 s for one token per row at batch 4, 0.012 s per extra token: v = 0.06 per token-row.
+    policy = DraftLengthPolicy(num_tokens=6, cost_ratio=0.0)
     for k in [0, 3, 1, 5, 2] * 4:
         policy.observe_costs(0.0, 0, 0.2 + 0.012 * (4 * (k + 1) - 4), rows=4, verified_per_row=k + 1)
     assert policy.cost_ratio == 0.0  # no draft forwards: nothing to learn about their cost
-    assert policy.planned_length(rows=4) == 2  # gains 0.86, 0.47 pay for 4 * 0.06; the third (0.11) does not
+    v = policy.per_token_cost
+    assert history.planned_length(6, cost=4 * v) == 2  # gains 0.86, 0.47 pay for 4 * 0.06; the third (0.11) does not
     # One row: 0.11 pays for 0.06; a 4th draft, never measured, would gain 0.11 * 1/2 (the prior): too little.
-    assert policy.planned_length(rows=1) == 3
+    assert history.planned_length(6, cost=v) == 3
 
 
 def test_planned_length_returns_to_drafting_after_stopping() -> None:
     """A drafter that stopped (every position too unlikely) must not stop forever: old counts fade."""
-    policy = DraftLengthPolicy(num_tokens=4, cost_ratio=0.3)
+    history = AcceptanceHistory()
     for _ in range(50):
-        policy.update(4, torch.zeros(8, dtype=torch.long))
-    assert policy.planned_length(rows=1) == 0
+        history.update(4, torch.zeros(8, dtype=torch.long))
+    assert history.planned_length(4, cost=0.3) == 0
     for _ in range(60):
-        policy.update(0, torch.zeros(8, dtype=torch.long))
-    assert policy.planned_length(rows=1) >= 1
-
-
-def test_planned_length_is_the_current_length_without_the_adaptive_schedule() -> None:
-    policy = DraftLengthPolicy(num_tokens=5, schedule="constant")
-    policy.update(5, torch.zeros(3, dtype=torch.long))
-    assert policy.planned_length(rows=3) == 5
+        history.update(0, torch.zeros(8, dtype=torch.long))
+    assert history.planned_length(4, cost=0.3) >= 1
 
 
 def test_prior_acceptance_sets_the_rate_before_any_measurement() -> None:
-    policy = DraftLengthPolicy(num_tokens=4, cost_ratio=0.0, prior_acceptance=0.8)
-    assert policy.acceptance_rate(0) == 0.8
-    assert policy.expected_tokens([2]) == pytest.approx(1 + 0.8 + 0.64)
-    policy.update(1, torch.zeros(2, dtype=torch.long))  # two rejections: (0 + 1.6) / (2 + 2)
-    assert policy.acceptance_rate(0) == pytest.approx(0.4)
+    history = AcceptanceHistory(prior=0.8)
+    assert history.acceptance_rate(0) == 0.8
+    assert history.expected_tokens([2]) == pytest.approx(1 + 0.8 + 0.64)
+    history.update(1, torch.zeros(2, dtype=torch.long))  # two rejections: (0 + 1.6) / (2 + 2)
+    assert history.acceptance_rate(0) == pytest.approx(0.4)

@@ -108,6 +108,16 @@ def test_each_match_size_drafts_as_far_as_its_measured_acceptance_pays() -> None
     assert drafter.expected_tokens() == pytest.approx((1.0 + sum(rate**j for j in range(5))) / 2)
 
 
+def test_without_the_adaptive_schedule_rows_draft_the_whole_length() -> None:
+    """However bad the measured acceptance, a non-adaptive lookup drafts up to `num_tokens` per row."""
+    buffer, valid = _buffer([[9, 8, 1, 2, 3, 4, 5, 6, 1]])
+    drafter = PromptLookupDrafter(num_tokens=5, max_ngram_size=1, adaptive=False)
+    drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
+    drafter.history[1].update(5, torch.zeros(3, dtype=torch.long))
+    proposal = drafter.propose(buffer, torch.zeros(1, dtype=torch.long), DraftLengthPolicy(5, "constant"), 10)
+    assert proposal.lengths.tolist() == [5]
+
+
 @pytest.mark.parametrize("arch", sorted(BUILDERS))
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(("num_tokens", "schedule"), [(1, "constant"), (5, "constant"), (5, "adaptive")])

@@ -215,11 +215,11 @@ def _step(
     if not do_sample:
         num_accepted, next_token = greedy_accept(draft_tokens, scores, proposal.lengths)
     elif proposal.q is not None:
-        p = torch.softmax(scores, dim=-1)
-        num_accepted, next_token = speculative_sampling(draft_tokens, proposal.q, p, generator)
+        num_accepted, next_token = speculative_sampling(draft_tokens, proposal.q, scores.softmax(dim=-1), generator)
     else:  # drafts proposed with certainty (prompt lookup)
-        p = torch.softmax(scores, dim=-1)
-        num_accepted, next_token = point_draft_sampling(draft_tokens, p, proposal.lengths, generator)
+        num_accepted, next_token = point_draft_sampling(
+            draft_tokens, scores.softmax(dim=-1), proposal.lengths, generator
+        )
 
     # Commit: append the accepted tokens (stopping where plain decoding would), roll both caches back.
     new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
@@ -236,7 +236,7 @@ def _step(
     synchronize(device)
     verified = time.perf_counter()
     if proposal.source == "model":  # the draft model's length schedule learns from its own steps only
-        policy.update(k, num_accepted, proposal.lengths)
+        policy.update(k, num_accepted)
     policy.observe_costs(
         drafted - started, proposal.forwards, verified - drafted, rows=verify_ids.shape[0], verified_per_row=k + 1
     )

@@ -20,7 +20,7 @@ Independently, `assistant_confidence_threshold` stops drafting once the draft's 
 below the threshold in every row (transformers' rule).
 
 Drafters with no confidence of their own (prompt lookup) use the same rule with the acceptance rate measured
-at each draft position in recent steps in place of the draft's confidence (`planned_length`), and `c = 0`.
+at each draft position in recent steps in place of the draft's confidence (`AcceptanceHistory`), and `c = 0`.
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ class DraftLengthPolicy:
             this in every row; `None` never stops on it.
         cost_ratio (`float`): the first estimate of a draft forward's cost in target forwards ("adaptive").
         max_tokens (`int`): the most tokens the heuristic schedule may grow to.
-        prior_acceptance (`float`): the acceptance rate assumed at a draft position before any is measured
-            (worth two drafts of evidence).
     """
 
     num_tokens: int = 8
@@ -61,13 +59,10 @@ class DraftLengthPolicy:
     confidence_threshold: float | None = None
     cost_ratio: float = 0.3
     max_tokens: int = 16
-    prior_acceptance: float = 0.5
     _current: int = field(init=False, repr=False)
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
     _verify: _VerifyCost = field(init=False, repr=False)
     _per_token_cost: float = field(init=False, repr=False, default=0.0)
-    _reached: list[float] = field(init=False, repr=False, default_factory=list)
-    _accepted: list[float] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1:
@@ -110,75 +105,18 @@ class DraftLengthPolicy:
         expected_gain = float((survival * confidence).mean())  # of one more draft, in tokens per row
         return expected_gain < self.cost_ratio + self._per_token_cost * confidence.numel()
 
-    def update(self, num_drafted: int, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
-        """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them
-        (`lengths[b]`: how many row b really drafted, when rows drafted different numbers)."""
-        self._record_acceptance(num_drafted, num_accepted.cpu(), None if lengths is None else lengths.cpu())
+    def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
+        """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
         if self.schedule == "heuristic":
             if bool((num_accepted == num_drafted).all()):
                 self._current = min(self._current + 2, self.max_tokens)
             else:
                 self._current = max(self._current - 1, 1)
 
-    def _record_acceptance(self, k: int, num_accepted: torch.Tensor, lengths: torch.Tensor | None) -> None:
-        drafted = torch.full_like(num_accepted, k) if lengths is None else lengths  # (A,)
-        positions = torch.arange(k)[None, :]  # (1, k)
-        reached = ((drafted[:, None] > positions) & (num_accepted[:, None] >= positions)).sum(0).tolist()
-        accepted = (num_accepted[:, None] > positions).sum(0).tolist()
-        grow = k - len(self._reached)
-        if grow > 0:
-            self._reached += [0.0] * grow
-            self._accepted += [0.0] * grow
-        self._reached = [_HISTORY_DECAY * r for r in self._reached]
-        self._accepted = [_HISTORY_DECAY * a for a in self._accepted]
-        for j in range(k):
-            self._reached[j] += reached[j]
-            self._accepted[j] += accepted[j]
-            if self._reached[j] > _HISTORY_DRAFTS:
-                scale = _HISTORY_DRAFTS / self._reached[j]
-                self._reached[j] *= scale
-                self._accepted[j] *= scale
-
-    def acceptance_rate(self, position: int) -> float:
-        """Recent share of drafts at `position` (0-based) accepted when every earlier draft was, with the prior
-        counted as two drafts accepted at `prior_acceptance`."""
-        if position >= len(self._reached):
-            return self.prior_acceptance
-        return (self._accepted[position] + 2.0 * self.prior_acceptance) / (self._reached[position] + 2.0)
-
     @property
     def per_token_cost(self) -> float:
         """`v`: what verifying one more token per row costs, in one-token target forwards (measured)."""
         return self._per_token_cost
-
-    def expected_tokens(self, lengths: list[int]) -> float:
-        """Expected committed tokens per row of a step in which row b drafts `lengths[b]` tokens: one from the
-        target plus, per drafted position, the chance that it and every earlier draft are accepted (the
-        acceptance rates measured by position)."""
-        total = 0.0
-        for length in lengths:
-            survival = 1.0
-            total += 1.0
-            for position in range(length):
-                survival *= self.acceptance_rate(position)
-                total += survival
-        return total / max(len(lengths), 1)
-
-    def planned_length(self, rows: int, per_token_cost: float | None = None) -> int:
-        """How many tokens a drafter without a confidence of its own (prompt lookup) should draft for `rows`
-        rows: with the "adaptive" schedule, up to the last position whose expected gain (the product of the
-        measured acceptance rates up to it) still exceeds `c + v * rows`; otherwise `current`.
-        `per_token_cost` replaces the measured `v` (when another policy measures verification)."""
-        if self.schedule != "adaptive":
-            return self._current
-        v = self._per_token_cost if per_token_cost is None else per_token_cost
-        survival, length = 1.0, 0
-        for position in range(self._current):
-            survival *= self.acceptance_rate(position)
-            if survival < self.cost_ratio + v * rows:
-                break
-            length = position + 1
-        return length
 
     def observe_costs(
         self,
@@ -202,6 +140,72 @@ class DraftLengthPolicy:
         if num_draft_forwards > 0:
             ratio = draft_seconds / num_draft_forwards / one_token
             self.cost_ratio = (1 - _COST_SMOOTHING) * self.cost_ratio + _COST_SMOOTHING * ratio
+
+
+class AcceptanceHistory:
+    """How often drafts were accepted at each draft position in recent steps, for a drafter with no confidence
+    of its own (prompt lookup): the share of drafts at position j accepted when every earlier one was.
+
+    Args:
+        prior (`float`): the rate assumed at a position before any draft there is measured (worth two drafts).
+    """
+
+    def __init__(self, prior: float = 0.5) -> None:
+        self.prior = prior
+        self._reached: list[float] = []  # per position: drafts whose earlier drafts were all accepted
+        self._accepted: list[float] = []  # per position: of those, accepted
+
+    def update(self, num_drafted: int, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
+        """Record a step: up to `num_drafted` tokens were drafted, row b accepted `num_accepted[b]` of them
+        (`lengths[b]`: how many row b really drafted, when rows drafted different numbers)."""
+        k, num_accepted = num_drafted, num_accepted.cpu()
+        drafted = torch.full_like(num_accepted, k) if lengths is None else lengths.cpu()  # (A,)
+        positions = torch.arange(k)[None, :]  # (1, k)
+        reached = ((drafted[:, None] > positions) & (num_accepted[:, None] >= positions)).sum(0).tolist()
+        accepted = (num_accepted[:, None] > positions).sum(0).tolist()
+        grow = k - len(self._reached)
+        if grow > 0:
+            self._reached += [0.0] * grow
+            self._accepted += [0.0] * grow
+        self._reached = [_HISTORY_DECAY * r for r in self._reached]
+        self._accepted = [_HISTORY_DECAY * a for a in self._accepted]
+        for j in range(k):
+            self._reached[j] += reached[j]
+            self._accepted[j] += accepted[j]
+            if self._reached[j] > _HISTORY_DRAFTS:
+                scale = _HISTORY_DRAFTS / self._reached[j]
+                self._reached[j] *= scale
+                self._accepted[j] *= scale
+
+    def acceptance_rate(self, position: int) -> float:
+        """Recent share of drafts at `position` (0-based) accepted when every earlier draft was, with the prior
+        counted as two drafts accepted at `prior`."""
+        if position >= len(self._reached):
+            return self.prior
+        return (self._accepted[position] + 2.0 * self.prior) / (self._reached[position] + 2.0)
+
+    def expected_tokens(self, lengths: list[int]) -> float:
+        """Expected committed tokens per row of a step in which row b drafts `lengths[b]` tokens: one from the
+        target plus, per drafted position, the chance that it and every earlier draft are accepted."""
+        total = 0.0
+        for length in lengths:
+            survival = 1.0
+            total += 1.0
+            for position in range(length):
+                survival *= self.acceptance_rate(position)
+                total += survival
+        return total / max(len(lengths), 1)
+
+    def planned_length(self, max_tokens: int, cost: float) -> int:
+        """The adaptive rule on measured rates: draft up to `max_tokens`, while the expected gain of the next
+        draft (the product of the rates up to it) is at least `cost` (`c + v * rows`, in tokens per row)."""
+        survival, length = 1.0, 0
+        for position in range(max_tokens):
+            survival *= self.acceptance_rate(position)
+            if survival < cost:
+                break
+            length = position + 1
+        return length
 
 
 class _VerifyCost:

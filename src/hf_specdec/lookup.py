@@ -17,7 +17,7 @@ How far to trust a match depends mostly on its length. Replaying lookup over Qwe
 replies to the benchmark's prompts, the first looked-up token was right after 23-32% of single-token
 matches and after 82% or more of 3-token matches. So the acceptance rate by draft position is measured
 separately for each matched n-gram size, and with the "adaptive" schedule each row drafts as far as its own
-match is expected to pay for verification (`DraftLengthPolicy.planned_length`), starting from a prior per
+match is expected to pay for verification (`AcceptanceHistory.planned_length`), starting from a prior per
 size taken from that replay (`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.draft_length import AcceptanceHistory, DraftLengthPolicy
 from hf_specdec.drafting import Proposal
 from hf_specdec.sequences import TokenBuffer
 
@@ -79,12 +79,9 @@ class PromptLookupDrafter:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
         self.num_tokens = num_tokens
         self.max_ngram_size = max_ngram_size
-        schedule = "adaptive" if adaptive else "constant"
-        # Acceptance by draft position, per matched n-gram size (c = 0: drafting costs no forward).
-        self.history = {
-            n: DraftLengthPolicy(num_tokens, schedule, cost_ratio=0.0, prior_acceptance=PRIOR_ACCEPTANCE[min(n, 3)])
-            for n in range(1, max_ngram_size + 1)
-        }
+        self.adaptive = adaptive
+        # Acceptance by draft position, per matched n-gram size.
+        self.history = {n: AcceptanceHistory(PRIOR_ACCEPTANCE[min(n, 3)]) for n in range(1, max_ngram_size + 1)}
         self.starts: torch.Tensor | None = None  # (A,) first real token of each active row (after left padding)
         self._last: Proposal | None = None
         self._sizes: list[int] = []  # matched n-gram size per row in the last proposal (0: no match)
@@ -109,13 +106,13 @@ class PromptLookupDrafter:
         assert self.starts is not None
         ends = buffer.active_lengths.cpu()
         rows = buffer.tokens[buffer.active, : int(ends.max())].cpu()  # (A, longest row)
-        v = policy.per_token_cost
+        cost = policy.per_token_cost * rows.shape[0]  # c = 0: a lookup costs no draft forward
         found: list[torch.Tensor] = []
         self._sizes = []
         for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True):
             continuation, n = lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, self.num_tokens)
-            limit = min(self.history[n].planned_length(rows.shape[0], per_token_cost=v), max_tokens) if n else 0
-            found.append(continuation[: max(limit, 0)])
+            limit = self.history[n].planned_length(self.num_tokens, cost) if n and self.adaptive else self.num_tokens
+            found.append(continuation[: max(min(limit, max_tokens), 0)])
             self._sizes.append(n)
         lengths = torch.tensor([f.numel() for f in found], dtype=torch.long)
         k = int(lengths.max()) if lengths.numel() else 0
