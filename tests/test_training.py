@@ -113,9 +113,11 @@ def data():
     return tokenize_records(datasets.Dataset.from_list(_conversations(32)), tiny_tokenizer(), max_length=64)
 
 
-def test_heads_learn_and_loss_falls(tmp_path: Path, data) -> None:
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent"])
+def test_heads_learn_and_loss_falls(tmp_path: Path, data, head_type: str) -> None:
     base = tiny_model("llama", seed=0)
-    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False)).freeze_base()
+    config = MedusaConfig(num_heads=2, share_lm_head=False, head_type=head_type)
+    model = MedusaForCausalLM.from_base(base, config).freeze_base()
     before = {k: v.clone() for k, v in base.state_dict().items()}
     trainer = _trainer(tmp_path, model, data)
     first = trainer.evaluate()

@@ -283,9 +283,10 @@ CHECKS = (
 
 
 @functools.cache
-def _medusa() -> MedusaForCausalLM:
-    """A seeded tiny Llama (float32, no EOS) with 3 heads, perturbed so that candidates are right at some
-    steps and wrong at others (fresh heads would all predict the base's next token)."""
+def _medusa(head_type: str = "medusa") -> MedusaForCausalLM:
+    """A seeded tiny Llama (float32, no EOS) with 3 heads (Medusa's or recurrent ones), perturbed so that
+    candidates are right at some steps and wrong at others (fresh heads would all predict the base's next
+    token). The base is the same for both kinds of heads."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -302,7 +303,8 @@ def _medusa() -> MedusaForCausalLM:
     base = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         base.lm_head.weight.mul_(SHARPEN)
-    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=NUM_HEADS, share_lm_head=False))
+    config = MedusaConfig(num_heads=NUM_HEADS, share_lm_head=False, head_type=head_type)
+    model = MedusaForCausalLM.from_base(base, config)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for parameter in model.heads.parameters():
@@ -318,10 +320,12 @@ def _target_joint(mode: str) -> torch.Tensor:
     return exact_joint(_medusa().base, PROMPT, sampling_warpers(**SAMPLING[mode]), VOCAB, MAX_NEW)
 
 
-def _medusa_samples(tree: str, mode: str, seed: int, acceptance: str = "exact") -> tuple[torch.Tensor, dict]:
+def _medusa_samples(
+    tree: str, mode: str, seed: int, acceptance: str = "exact", head_type: str = "medusa"
+) -> tuple[torch.Tensor, dict]:
     """MAX_NEW tokens for NUM_SAMPLES copies of PROMPT in one batch. Returns the generated tokens and
     `{"summary": stats summary, "accepted": how often each tree node was accepted}`."""
-    model = _medusa()
+    model = _medusa(head_type)
     draft_tree = DraftTree(TREES[tree])
     accepted = torch.zeros(draft_tree.num_nodes, dtype=torch.long)
     rule = medusa_decoding.sample_accept_tree  # the library's, or a broken one monkeypatched in
@@ -357,14 +361,17 @@ def _medusa_samples(tree: str, mode: str, seed: int, acceptance: str = "exact") 
 
 
 @functools.cache
-def _cached_samples(tree: str, mode: str, seed: int) -> tuple[torch.Tensor, dict]:
-    return _medusa_samples(tree, mode, seed)
+def _cached_samples(tree: str, mode: str, seed: int, head_type: str = "medusa") -> tuple[torch.Tensor, dict]:
+    return _medusa_samples(tree, mode, seed, head_type=head_type)
 
 
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent"])
 @pytest.mark.parametrize("tree", sorted(TREES))
 @pytest.mark.parametrize("mode", sorted(SAMPLING))
-def test_medusa_sampling_follows_the_target_distribution(tree: str, mode: str) -> None:
-    samples, info = _cached_samples(tree, mode, seed=2024)
+def test_medusa_sampling_follows_the_target_distribution(tree: str, mode: str, head_type: str) -> None:
+    """Recurrent heads choose a node's candidates from its own path; they are still a deterministic function
+    of what the base has accepted, so the same rule stays exact."""
+    samples, info = _cached_samples(tree, mode, seed=2024, head_type=head_type)
     # Both paths really run: candidates are accepted and rejected often, and every node of the tree (every
     # depth, every rank) is accepted at some step.
     rate = info["summary"]["acceptance_rate"]

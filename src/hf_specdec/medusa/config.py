@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_NAME = "medusa_config.json"
+HEAD_TYPES = ("medusa", "recurrent")
 
 
 @dataclass
@@ -15,8 +16,13 @@ class MedusaConfig:
     """Configuration of Medusa heads (Cai et al. 2023) on a base causal LM.
 
     Args:
-        num_heads (`int`): K heads; head k predicts the token k + 1 steps beyond the base's next token.
+        num_heads (`int`): K heads; head k predicts the token k + 1 steps beyond the base's next token. For
+            recurrent heads, the depth they draft to.
         num_layers (`int`): residual SiLU blocks per head, before its vocabulary projection.
+        head_type (`str`): `"medusa"`: K independent heads, each guessing from the base's hidden state alone
+            (`MedusaHeads`); `"recurrent"`: one drafter that also reads the tokens drafted before it, shared
+            by every depth (`hf_specdec.medusa.recurrent.RecurrentHeads`), far more accurate past the first
+            depth for the same data.
         share_lm_head (`bool`): project with the base's own `lm_head` (no extra weights: a big saving for large
             vocabularies) instead of a projection per head, initialised from the base's.
         hidden_size (`int`, *optional*): the base's hidden size; filled in from the base when `None`.
@@ -33,6 +39,7 @@ class MedusaConfig:
 
     num_heads: int = 4
     num_layers: int = 1
+    head_type: str = "medusa"
     share_lm_head: bool = True
     hidden_size: int | None = None
     vocab_size: int | None = None
@@ -48,6 +55,8 @@ class MedusaConfig:
             raise ValueError(f"num_heads must be a positive integer, got {self.num_heads!r}.")
         if not isinstance(self.num_layers, int) or self.num_layers < 0:
             raise ValueError(f"num_layers must be a non-negative integer, got {self.num_layers!r}.")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
         if self.head_vocab_size is not None and (not isinstance(self.head_vocab_size, int) or self.head_vocab_size < 1):
             raise ValueError(f"head_vocab_size must be a positive integer or None, got {self.head_vocab_size!r}.")
         if self.tree is not None and max(len(path) for path in self.tree) > self.num_heads:

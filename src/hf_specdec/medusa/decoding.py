@@ -16,7 +16,7 @@ from transformers.generation.streamers import BaseStreamer
 from hf_specdec.decoding import choose_token, finish, prompt_positions, reject_model_kwargs, stream, synchronize
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
-from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.processing import RaggedLogitsProcessor
 from hf_specdec.sequences import TokenBuffer
@@ -24,33 +24,6 @@ from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
 
 ACCEPTANCE = ("exact", "typical")
-
-
-def tree_candidates(
-    head_logits: torch.Tensor, last_token: torch.Tensor, tree: DraftTree, token_ids: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The token of every tree node: the root is `last_token`, a node at depth d and rank r holds head d-1's
-    rank-r candidate.
-
-    Args:
-        head_logits (`torch.Tensor` of shape `(depth, batch, vocab)`): the logits of the first `tree.depth`
-            heads at the last position (deeper heads are not needed).
-        token_ids (`torch.LongTensor`, *optional*): the token id of each logit when the heads have a draft
-            vocabulary; the logits' positions are the ids when `None`.
-        last_token (`torch.LongTensor` of shape `(batch,)`): the root.
-        tree (`DraftTree`): the tree.
-
-    Returns:
-        `torch.LongTensor` of shape `(batch, nodes)`.
-    """
-    top_k = max(tree.top_k_per_depth())
-    candidates = head_logits[: tree.depth].topk(top_k, dim=-1).indices  # (D, B, top_k)
-    if token_ids is not None:
-        candidates = token_ids[candidates]
-    depths = tree.depths[1:].to(last_token.device) - 1  # (N-1,)
-    ranks = tree.ranks[1:].to(last_token.device)
-    drafted = candidates[depths, :, ranks].T  # (B, N-1)
-    return torch.cat([last_token[:, None], drafted], dim=1)
 
 
 def tree_scores(
@@ -84,7 +57,7 @@ def medusa_decode(
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     *,
-    heads: MedusaHeads,
+    heads: DraftHeads,
     tree: DraftTree,
     acceptance: str = "exact",
     typical_epsilon: float = 0.09,
@@ -99,7 +72,7 @@ def medusa_decode(
         model (`PreTrainedModel`): the base model.
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
-        heads (`MedusaHeads`): the heads on the base's last hidden state.
+        heads (`DraftHeads`): the heads on the base's last hidden state (Medusa's or recurrent ones).
         tree (`DraftTree`): which candidates to verify; no deeper than there are heads.
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
@@ -128,7 +101,7 @@ def medusa_decode(
     emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
     stream(streamer, last_token[:, None], emitted)
     next_position = positions[:, -1] + 2  # (A,) position of the first drafted node
-    lm_head = model.get_output_embeddings()
+    lm_head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
     structure = tree.ancestors.to(device)
 
     while True:
@@ -140,9 +113,7 @@ def medusa_decode(
             next_position, last_token, hidden = next_position[keep], last_token[keep], hidden[keep]
         started = time.perf_counter()
         # Draft: the heads' top candidates fill the tree.
-        last = hidden[:, -1]  # (A, H)
-        head_logits = torch.stack([heads.head(k, last, lm_head) for k in range(tree.depth)]).float()  # (D, A, V)
-        nodes = tree_candidates(head_logits, last_token, tree, heads.token_ids)  # (A, N)
+        nodes = heads.tree_candidates(hidden[:, -1], last_token, tree, lm_head, embeddings)  # (A, N)
         synchronize(device)
         drafted = time.perf_counter()
         # Verify: one forward over the whole tree under its ancestor mask.

@@ -1,4 +1,5 @@
-"""Medusa heads: K small networks on the base's last hidden state, each predicting a token further ahead."""
+"""Draft heads on the base's last hidden state: what every kind shares (the draft vocabulary and the output
+projection), and Medusa's K independent heads."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from hf_specdec.tree import DraftTree
 from hf_specdec.vocab import VocabularyRows, check_token_ids, vocab_index
 
 
@@ -22,38 +24,29 @@ class ResBlock(nn.Module):
         return hidden + nn.functional.silu(self.linear(hidden))
 
 
-class MedusaHeads(nn.Module):
-    """K heads. Each is its own stack of `ResBlock`s (independent weights: building the stack with
-    `[ResBlock(h)] * n` would share one block's weights across layers) and a vocabulary projection, either
-    its own or the base's `lm_head`.
+class DraftHeads(nn.Module):
+    """What every kind of draft head shares: a depth (how many tokens past the base's next one it guesses),
+    the vocabulary it proposes from and the projection onto it.
 
     With `token_ids`, the heads propose only those tokens (a *draft vocabulary*, see `hf_specdec.vocab`):
     they project onto those rows of the vocabulary and their logits have `len(token_ids)` entries. On a
     large vocabulary this makes the heads several times cheaper, and it stays lossless (the base verifies).
 
+    Subclasses define `num_heads`, [`depth_logits`] (training) and [`tree_candidates`] (decoding).
+
     Args:
-        num_heads (`int`): K.
-        num_layers (`int`): residual blocks per head.
         hidden_size (`int`): the base's hidden size.
         vocab_size (`int`): the base's number of logits.
-        share_lm_head (`bool`): use the base's `lm_head` (passed to `forward`) instead of own projections.
+        num_projections (`int`): own vocabulary projections (initialised from the base's lm_head); 0 to use
+            the base's `lm_head` (passed to every call) instead.
         token_ids (`torch.LongTensor`, *optional*): the draft vocabulary; all `vocab_size` ids when `None`.
     """
 
     def __init__(
-        self,
-        num_heads: int,
-        num_layers: int,
-        hidden_size: int,
-        vocab_size: int,
-        share_lm_head: bool,
-        token_ids: torch.Tensor | None = None,
+        self, hidden_size: int, vocab_size: int, num_projections: int, token_ids: torch.Tensor | None = None
     ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
-        self.blocks = nn.ModuleList(
-            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers))) for _ in range(num_heads)
-        )
         outputs = vocab_size
         if token_ids is not None:
             token_ids = check_token_ids(token_ids, vocab_size, "heads' vocabulary")
@@ -64,11 +57,16 @@ class MedusaHeads(nn.Module):
         else:
             self.token_ids = None
         self.projections = (
-            None
-            if share_lm_head
-            else nn.ModuleList(nn.Linear(hidden_size, outputs, bias=False) for _ in range(num_heads))
+            nn.ModuleList(nn.Linear(hidden_size, outputs, bias=False) for _ in range(num_projections))
+            if num_projections
+            else None
         )
         self._shared_rows = VocabularyRows()  # the base lm_head's rows for `token_ids`, gathered once
+
+    @property
+    def num_heads(self) -> int:
+        """How many tokens past the base's next one the heads guess (the deepest tree they fill)."""
+        raise NotImplementedError
 
     def _reindex(self) -> None:
         """Rebuild the id-to-position map after the draft vocabulary was loaded."""
@@ -80,13 +78,13 @@ class MedusaHeads(nn.Module):
         self._index = vocab_index(self.token_ids, self.vocab_size).to(self.token_ids.device)
 
     @property
-    def num_heads(self) -> int:
-        return len(self.blocks)
-
-    @property
     def head_vocab_size(self) -> int:
         """How many tokens a head chooses from (its logits' last dimension)."""
         return self.vocab_size if self.token_ids is None else self.token_ids.numel()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
 
     def init_projections_from(self, lm_head: nn.Module) -> None:
         """Copy the base's lm_head weights (the draft vocabulary's rows) into every own projection (Medusa's
@@ -111,18 +109,94 @@ class MedusaHeads(nn.Module):
             return token_ids.clamp_min(-1)
         return torch.where(token_ids >= 0, self._index[token_ids.clamp_min(0)], -1)
 
+    def project(self, state: torch.Tensor, lm_head: nn.Module, projection: int = 0) -> torch.Tensor:
+        """Logits `(..., head_vocab_size)` of states `(..., hidden)`: with own projection number `projection`,
+        or with the base's `lm_head` (the draft vocabulary's rows)."""
+        if self.projections is not None:
+            return self.projections[projection](state)
+        if self.token_ids is None and lm_head.weight.dtype == state.dtype:
+            return lm_head(state)  # the module itself, with any hooks (device placement, sharding)
+        weight, bias = self._shared_rows(lm_head, self.token_ids, state.dtype)
+        return functional.linear(state.to(weight.device), weight, bias).to(state.device)
+
+    def depth_logits(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        lm_head: nn.Module,
+        embeddings: nn.Module | None,
+        depth: int | None = None,
+    ) -> list[torch.Tensor]:
+        """Teacher-forced logits at depths 1..`depth` (default: all), for training and evaluation.
+
+        Args:
+            hidden (`torch.Tensor` of shape `(M, hidden)`): the base's last hidden state at M positions t.
+            tokens (`torch.LongTensor` of shape `(M, depth)`): the tokens after each position, `tokens[:, i]`
+                being token t + 1 + i (the base's next token first); heads that read drafted tokens take them
+                from here, the others ignore them.
+            lm_head, embeddings: the base's output projection and input embeddings.
+
+        Returns:
+            `depth` tensors of shape `(M, head_vocab_size)`; the i-th (from 0) predicts token t + 2 + i.
+        """
+        raise NotImplementedError
+
+    def tree_candidates(
+        self, hidden: torch.Tensor, root: torch.Tensor, tree: DraftTree, lm_head: nn.Module, embeddings: nn.Module
+    ) -> torch.Tensor:
+        """The token of every tree node `(batch, nodes)`: the root is the base's next token, a node of rank r
+        holds the heads' rank-r candidate after its parent.
+
+        Args:
+            hidden (`torch.Tensor` of shape `(batch, hidden)`): the base's last hidden state, the one that
+                chose `root`.
+            root (`torch.LongTensor` of shape `(batch,)`).
+            tree (`DraftTree`): no deeper than `num_heads`.
+            lm_head, embeddings: the base's output projection and input embeddings.
+        """
+        raise NotImplementedError
+
+
+class MedusaHeads(DraftHeads):
+    """Medusa's heads (Cai et al. 2023): K independent networks, head k guessing token t + 2 + k from the
+    base's hidden state at t alone. Each is its own stack of `ResBlock`s (independent weights: building the
+    stack with `[ResBlock(h)] * n` would share one block's weights across layers) and a vocabulary
+    projection, either its own or the base's `lm_head`.
+
+    Args:
+        num_heads (`int`): K.
+        num_layers (`int`): residual blocks per head.
+        hidden_size (`int`): the base's hidden size.
+        vocab_size (`int`): the base's number of logits.
+        share_lm_head (`bool`): use the base's `lm_head` (passed to `forward`) instead of own projections.
+        token_ids (`torch.LongTensor`, *optional*): the draft vocabulary; all `vocab_size` ids when `None`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        share_lm_head: bool,
+        token_ids: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(hidden_size, vocab_size, 0 if share_lm_head else num_heads, token_ids)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers))) for _ in range(num_heads)
+        )
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
     def head(self, k: int, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits `(..., head_vocab_size)` of head `k` on hidden states `(..., hidden)`, in the heads' dtype (they
         may keep their own, e.g. float32 ones trained on a bfloat16 base)."""
         block = self.blocks[k]
         parameter = next(block.parameters(), None)
         state = block(hidden if parameter is None else hidden.to(parameter.dtype))
-        if self.projections is not None:
-            return self.projections[k](state)
-        if self.token_ids is None and lm_head.weight.dtype == state.dtype:
-            return lm_head(state)  # the module itself, with any hooks (device placement, sharding)
-        weight, bias = self._shared_rows(lm_head, self.token_ids, state.dtype)
-        return functional.linear(state.to(weight.device), weight, bias).to(state.device)
+        return self.project(state, lm_head, k)
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits of every head.
@@ -137,8 +211,29 @@ class MedusaHeads(nn.Module):
         """
         return torch.stack([self.head(k, hidden, lm_head) for k in range(self.num_heads)], dim=0)
 
+    def depth_logits(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        lm_head: nn.Module,
+        embeddings: nn.Module | None,
+        depth: int | None = None,
+    ) -> list[torch.Tensor]:
+        return [self.head(k, hidden, lm_head) for k in range(self.num_heads if depth is None else depth)]
+
+    def tree_candidates(
+        self, hidden: torch.Tensor, root: torch.Tensor, tree: DraftTree, lm_head: nn.Module, embeddings: nn.Module
+    ) -> torch.Tensor:
+        # Every head's top candidates, whatever the parent: one projection per depth for the whole tree.
+        top_k = max(tree.top_k_per_depth())
+        logits = torch.stack([self.head(k, hidden, lm_head) for k in range(tree.depth)]).float()  # (D, B, V)
+        candidates = self.to_token_ids(logits.topk(top_k, dim=-1).indices)  # (D, B, top_k)
+        depths = tree.depths[1:].to(root.device) - 1  # (N-1,)
+        ranks = tree.ranks[1:].to(root.device)
+        return torch.cat([root[:, None], candidates[depths, :, ranks].T], dim=1)
+
 
 def _reindex_after_load(module: nn.Module, _incompatible: object) -> None:
     """`load_state_dict` post hook: the loaded draft vocabulary needs its id-to-position map."""
-    assert isinstance(module, MedusaHeads)
+    assert isinstance(module, DraftHeads)
     module._reindex()

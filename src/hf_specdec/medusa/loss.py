@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional
 
 if TYPE_CHECKING:
-    from hf_specdec.medusa.heads import MedusaHeads
+    from hf_specdec.medusa.heads import DraftHeads
 
 IGNORE_INDEX = -100
 
@@ -71,52 +71,81 @@ def medusa_loss(
     return (weights.to(per_head.device) * per_head).sum(), per_head
 
 
+def following_tokens(labels: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every position t, the labelled tokens after it and how many of them follow without a gap.
+
+    Depth i (from 0) of a drafter at t reads tokens t + 1 .. t + 1 + i and guesses t + 2 + i; at decoding
+    time it only matters when all of those are the base's own, so it trains only where they are labelled.
+
+    Args:
+        labels (`torch.LongTensor` of shape `(batch, seq)`): `IGNORE_INDEX` where no loss applies.
+        depth (`int`): how many depths.
+
+    Returns:
+        `(window, run)`: `window` `(batch, seq, depth + 1)` holds tokens t + 1 .. t + 1 + depth (`IGNORE_INDEX`
+        past the end); `run` `(batch, seq)` counts the labelled tokens from t + 1 on before the first gap.
+        Depth i trains at t when `run > i + 1`.
+    """
+    padded = functional.pad(labels, (0, depth + 1), value=IGNORE_INDEX)
+    window = padded.unfold(1, depth + 1, 1)[:, 1 : labels.shape[1] + 1]  # (B, T, depth + 1)
+    run = (window != IGNORE_INDEX).long().cumprod(dim=-1).sum(dim=-1)
+    return window, run
+
+
 def medusa_loss_from_hidden(
-    heads: MedusaHeads,
+    heads: DraftHeads,
     lm_head: nn.Module,
     hidden: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor | None = None,
+    embeddings: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The same loss as [`medusa_loss`], computing each head only where it has a label.
+    """The weighted per-depth cross-entropy of any draft heads, computed only where it has a label.
 
     With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
-    carry no label, so they are skipped before the projection.
+    carry no label, so they are skipped before the projection. Depth i (head i) at position t learns token
+    t + 2 + i where tokens t + 1 .. t + 2 + i are all labelled (see [`following_tokens`]); heads that read
+    the drafted tokens (recurrent ones) are teacher-forced with the labels.
 
     Args:
-        heads (`MedusaHeads`), lm_head: the heads and the base's output projection.
+        heads (`DraftHeads`), lm_head: the heads and the base's output projection.
         hidden (`torch.Tensor` of shape `(batch, seq, hidden)`): the base's last hidden states.
         labels (`torch.LongTensor` of shape `(batch, seq)`).
         weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
+        embeddings (`nn.Module`, *optional*): the base's input embeddings (needed by recurrent heads).
 
     Labels outside the heads' draft vocabulary (if they have one) add no loss but count as misses in metrics.
 
     Returns:
-        `(loss, per_head, outputs)`: as `medusa_loss`, plus each head's `(logits (M, head_vocab), targets (M,))`
-        at its labelled positions, for metrics; targets are positions in the heads' logits, -1 for labels they
-        cannot propose.
+        `(loss, per_head, outputs)`: the weighted sum, each head's mean loss `(heads,)`, and each head's
+        `(logits (M, head_vocab), targets (M,))` at its labelled positions, for metrics; targets are positions
+        in the heads' logits, -1 for labels they cannot propose.
     """
-    weights = head_weights(heads.num_heads) if weights is None else weights
+    depth = heads.num_heads
+    weights = head_weights(depth) if weights is None else weights
+    window, run = following_tokens(labels, depth)
+    keep = run >= 2  # depth 0 has its input and its label
+    window, run = window[keep], run[keep]  # (M, depth + 1), (M,)
+    logits = heads.depth_logits(hidden[keep], window[:, :depth].clamp_min(0), lm_head, embeddings)
     per_head, outputs = [], []
-    for k in range(heads.num_heads):
-        target = head_labels(labels, k)  # (B, T)
-        keep = target != IGNORE_INDEX
-        logits = heads.head(k, hidden[keep], lm_head)  # (M, V) over the heads' vocabulary
-        index = heads.to_head_index(target[keep])  # (M,) -1 where the label is outside the heads' vocabulary
+    for k in range(depth):
+        trained = run >= k + 2
+        head_logits = logits[k][trained]
+        index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the heads' vocabulary
         learnable = index >= 0
         if learnable.any():
-            loss = functional.cross_entropy(logits[learnable].float(), index[learnable])
+            loss = functional.cross_entropy(head_logits[learnable].float(), index[learnable])
         else:
-            loss = logits.sum() * 0.0
+            loss = head_logits.sum() * 0.0
         per_head.append(loss)
-        outputs.append((logits.detach(), index))
+        outputs.append((head_logits.detach(), index))
     per_head_tensor = torch.stack(per_head)
     return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor, outputs
 
 
 @torch.no_grad()
 def head_accuracy(
-    head_logits: torch.Tensor, labels: torch.Tensor, top_k: int = 1, heads: MedusaHeads | None = None
+    head_logits: torch.Tensor, labels: torch.Tensor, top_k: int = 1, heads: DraftHeads | None = None
 ) -> torch.Tensor:
     """Share of labelled positions where each head's top-`top_k` holds its label `(heads,)`; pass `heads` when
     they have a draft vocabulary (their logits are then positions in it; labels outside it count as misses)."""

@@ -14,7 +14,9 @@ from transformers.utils import PushToHubMixin
 
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
-from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
+from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
+from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.tree import DraftTree, build_tree, preset_tree, typical_accuracies
 from hf_specdec.validation import check_generation_config, output_vocab_size
 
@@ -32,7 +34,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     Args:
         base (`PreTrainedModel`): the base model.
         config (`MedusaConfig`): the heads' configuration (sizes are checked against the base).
-        heads (`MedusaHeads`, *optional*): existing heads; fresh ones are built when `None`.
+        heads (`DraftHeads`, *optional*): existing heads (`MedusaHeads` or `RecurrentHeads`, as
+            `config.head_type` says); fresh ones are built when `None`.
         token_ids (`torch.LongTensor`, *optional*): the fresh heads' draft vocabulary (see `hf_specdec.vocab`);
             sets `config.head_vocab_size`. Loading fills it from the checkpoint.
     """
@@ -41,7 +44,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         self,
         base: PreTrainedModel,
         config: MedusaConfig,
-        heads: MedusaHeads | None = None,
+        heads: DraftHeads | None = None,
         token_ids: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
@@ -59,6 +62,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         self.base = base
         self.config = config
         if heads is not None:
+            if not isinstance(heads, _HEAD_CLASSES[config.head_type]):
+                raise ValueError(f"config.head_type is {config.head_type!r} but the heads are {type(heads).__name__}.")
             if token_ids is not None:
                 raise ValueError("Pass `token_ids` for fresh heads only; existing `heads` carry their own vocabulary.")
             config.head_vocab_size = None if heads.token_ids is None else heads.head_vocab_size
@@ -70,7 +75,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 "(e.g. hf_specdec.vocab.frequent_tokens of the training labels)."
             )
         if heads is None:
-            heads = MedusaHeads(config.num_heads, config.num_layers, hidden, vocab, config.share_lm_head, token_ids)
+            heads = _fresh_heads(config, base, token_ids)
             heads.init_projections_from(base.get_output_embeddings())
             heads.to(device=base.device, dtype=base.dtype)
         self.heads = heads
@@ -253,17 +258,46 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 raise ValueError("Pass `input_ids` (or cached `hidden_states`).")
             out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
             hidden_states = out.hidden_states[-1]
-        head_logits = self.heads(
-            hidden_states.to(next(self.heads.parameters()).dtype), self.base.get_output_embeddings()
-        )
+        hidden_states = hidden_states.to(self.heads.dtype)
+        lm_head = self.base.get_output_embeddings()
+        if isinstance(self.heads, RecurrentHeads):
+            if input_ids is None and labels is None:
+                raise ValueError("Recurrent heads read the following tokens: pass `input_ids` or `labels`.")
+            if labels is None:
+                tokens = input_ids
+            else:
+                tokens = labels if input_ids is None else torch.where(labels == IGNORE_INDEX, input_ids, labels)
+            tokens = tokens.clamp_min(0)
+            head_logits = self.heads(hidden_states, lm_head, tokens, self.base.get_input_embeddings())
+        else:
+            head_logits = self.heads(hidden_states, lm_head)
         result = {"head_logits": head_logits}
         if labels is not None:
-            from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
-
             targets = self.heads.to_head_index(labels)  # tokens outside the heads' vocabulary cannot be learnt
             targets[targets < 0] = IGNORE_INDEX
             result["loss"] = medusa_loss(head_logits, targets)[0]
         return result
+
+
+_HEAD_CLASSES: dict[str, type[DraftHeads]] = {"medusa": MedusaHeads, "recurrent": RecurrentHeads}
+
+
+def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.Tensor | None) -> DraftHeads:
+    assert config.hidden_size is not None and config.vocab_size is not None
+    if config.head_type == "recurrent":
+        embedding_size = base.get_input_embeddings().weight.shape[1]
+        return RecurrentHeads(
+            config.num_heads,
+            config.num_layers,
+            config.hidden_size,
+            config.vocab_size,
+            config.share_lm_head,
+            embedding_size,
+            token_ids,
+        )
+    return MedusaHeads(
+        config.num_heads, config.num_layers, config.hidden_size, config.vocab_size, config.share_lm_head, token_ids
+    )
 
 
 def _local_directory(path_or_repo: str | Path) -> Path:
@@ -285,7 +319,7 @@ def _model_card(config: MedusaConfig) -> str:
         "",
         f"# Medusa heads for {config.base_model_name_or_path or 'a causal LM'}",
         "",
-        f"- heads: {config.num_heads}, residual blocks per head: {config.num_layers}, "
+        f"- heads: {config.num_heads} ({config.head_type}), residual blocks per head: {config.num_layers}, "
         f"shared lm_head: {config.share_lm_head}, draft vocabulary: {config.head_vocab_size or 'every token'}",
         f"- tree: {config.tree if config.tree is not None else 'preset medium'}",
     ]

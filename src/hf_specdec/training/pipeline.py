@@ -34,6 +34,13 @@ class MedusaTrainingConfig:
     )
     num_heads: int = field(default=4, metadata={"help": "Medusa heads."})
     num_layers: int = field(default=1, metadata={"help": "Residual blocks per head."})
+    head_type: str = field(
+        default="medusa",
+        metadata={
+            "help": "medusa: independent heads on the hidden state; recurrent: one drafter that also reads the "
+            "tokens drafted before it (more accurate past the first depth)."
+        },
+    )
     share_lm_head: bool = field(default=True, metadata={"help": "Heads project with the base's lm_head."})
     head_vocab_size: int | None = field(
         default=None,
@@ -126,6 +133,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     medusa_config = MedusaConfig(
         num_heads=config.num_heads,
         num_layers=config.num_layers,
+        head_type=config.head_type,
         share_lm_head=config.share_lm_head,
         base_model_name_or_path=config.base,
     )

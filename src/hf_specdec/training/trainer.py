@@ -76,7 +76,8 @@ class MedusaTrainer(Trainer):
         hidden = hidden.to(next(medusa.heads.parameters()).dtype)  # heads train in their own dtype (float32)
         weights = head_weights(medusa.config.num_heads, self.head_decay)
         lm_head = medusa.base.get_output_embeddings()
-        loss, _, outputs = medusa_loss_from_hidden(medusa.heads, lm_head, hidden, inputs["labels"], weights)
+        embeddings = medusa.base.get_input_embeddings()
+        loss, _, outputs = medusa_loss_from_hidden(medusa.heads, lm_head, hidden, inputs["labels"], weights, embeddings)
         loss = loss + base_loss
         return (loss, {"heads": outputs}) if return_outputs else loss
 

@@ -1,0 +1,167 @@
+"""Recurrent draft heads (`MedusaConfig(head_type="recurrent")`): every node's candidates come from its own
+path, greedy identity, heads that are right, teacher forcing, checkpoints, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.medusa.loss import IGNORE_INDEX, following_tokens, medusa_loss_from_hidden
+from hf_specdec.medusa.recurrent import RecurrentHeads
+from hf_specdec.tree import DraftTree, preset_tree
+from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
+
+
+def _generate(model, ids, mask, **kwargs):
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False, **kwargs)
+
+
+def _recurrent(arch: str = "llama", noise: float = 0.3, **config) -> MedusaForCausalLM:
+    """Recurrent heads on a tiny base, perturbed so that the state really moves with the tokens it reads (fresh
+    heads keep the base's hidden state and would propose the same token at every depth)."""
+    base = tiny_model(arch, seed=0, sharpen=4.0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(head_type="recurrent", **{"num_heads": 3, **config}))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            scale = noise * parameter.abs().mean().clamp_min(0.05)
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    return model
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("tree", ["chain", "medium"])
+def test_random_recurrent_heads_keep_plain_greedy(arch: str, batch: int, tree: str) -> None:
+    model = _recurrent(arch, share_lm_head=arch != "gpt2")
+    assert isinstance(model.heads, RecurrentHeads)
+    ids, mask = ragged_batch(batch, seed=batch)
+    assert torch.equal(_generate(model, ids, mask, medusa=True, tree=tree), _generate(model.base, ids, mask))
+
+
+def test_every_node_gets_the_candidates_of_its_own_path() -> None:
+    """Brute force: walk each node's path from the base's hidden state, one token at a time."""
+    model = _recurrent(share_lm_head=False)
+    heads, base = model.heads, model.base
+    with torch.no_grad():  # states that move a lot with the tokens read (tiny embeddings are small)
+        heads.token_in.weight.normal_(0.0, 5.0, generator=torch.Generator().manual_seed(2))
+    lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    tree = preset_tree("medium", 3)
+    hidden = torch.randn(2, base.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    root = torch.tensor([7, 11])
+    nodes = heads.tree_candidates(hidden, root, tree, lm_head, embeddings)
+    assert torch.equal(nodes[:, 0], root)
+    parents = tree.parents.tolist()
+    for node in range(1, tree.num_nodes):
+        path = []
+        walk = parents[node]
+        while walk != -1:
+            path.insert(0, walk)
+            walk = parents[walk]
+        state = hidden
+        for ancestor in path:  # the root first, then the drafted nodes above `node`
+            state = heads.step(state, nodes[:, ancestor], embeddings)
+        rank = int(tree.ranks[node])
+        expected = heads.logits(state, lm_head).topk(rank + 1, dim=-1).indices[:, rank]
+        assert torch.equal(nodes[:, node], expected), node
+    # The candidates really depend on the path: rank 0 under the root's top two candidates differ.
+    index = {path: i + 1 for i, path in enumerate(tree.choices)}
+    assert not torch.equal(nodes[:, index[(0, 0)]], nodes[:, index[(1, 0)]])
+
+
+def test_teacher_forcing_is_aligned_with_the_tokens_read() -> None:
+    """`forward` at (depth i, position t) reads tokens t+1..t+1+i and predicts t+2+i, like Medusa's head i."""
+    model = _recurrent(share_lm_head=False)
+    heads, base = model.heads, model.base
+    ids = torch.randint(4, base.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    hidden = base(ids, output_hidden_states=True).hidden_states[-1].detach()
+    lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    logits = heads(hidden, lm_head, ids, embeddings)  # (3, 2, 9, V)
+    t = 2
+    expected = heads.depth_logits(hidden[:, t], ids[:, t + 1 : t + 4], lm_head, embeddings)
+    for i in range(3):
+        torch.testing.assert_close(logits[i, :, t], expected[i])
+    # A chain tree drafts what the teacher-forced logits predict along the chain.
+    nodes = heads.tree_candidates(hidden[:, t], ids[:, t + 1], DraftTree.chain(3), lm_head, embeddings)
+    chained = heads.depth_logits(hidden[:, t], nodes[:, :3], lm_head, embeddings)
+    for i in range(3):
+        assert torch.equal(nodes[:, i + 1], chained[i].argmax(dim=-1))
+
+
+def test_following_tokens_by_hand() -> None:
+    labels = torch.tensor([[IGNORE_INDEX, 5, 6, IGNORE_INDEX, 7, 8, 9]])
+    window, run = following_tokens(labels, depth=2)
+    assert window[0, 0].tolist() == [5, 6, IGNORE_INDEX]
+    assert window[0, 3].tolist() == [7, 8, 9]
+    assert window[0, 5].tolist() == [9, IGNORE_INDEX, IGNORE_INDEX]
+    assert run[0].tolist() == [2, 1, 0, 3, 2, 1, 0]
+
+
+def test_loss_trains_each_depth_only_on_unbroken_runs() -> None:
+    """Depth i at t learns token t+2+i only where tokens t+1..t+2+i are all labelled: a gap (an unlabelled
+    user turn) never becomes an input or a target."""
+    model = _recurrent(share_lm_head=False)
+    base = model.base
+    labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7, IGNORE_INDEX, IGNORE_INDEX, 8, 9, 10, 11]])
+    hidden = torch.randn(1, labels.shape[1], base.config.hidden_size)
+    lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    _, _, outputs = medusa_loss_from_hidden(model.heads, lm_head, hidden, labels, embeddings=embeddings)
+    targets = [model.heads.to_token_ids(index).tolist() for _, index in outputs]
+    assert targets == [[6, 7, 9, 10, 11], [7, 10, 11], [11]]
+
+
+def _fit(model: MedusaForCausalLM, sequences: torch.Tensor, steps: int = 200) -> None:
+    optimizer = torch.optim.Adam(model.heads.parameters(), lr=2e-2)
+    with torch.no_grad():
+        hidden = model.base(sequences, output_hidden_states=True).hidden_states[-1]
+    for _ in range(steps):
+        loss = model(input_ids=sequences, labels=sequences, hidden_states=hidden)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
+    model = _recurrent(noise=0.0, share_lm_head=False)
+    ids, mask = ragged_batch(3, seed=4)
+    plain = _generate(model.base, ids, mask)
+    _fit(model, plain)
+    out = _generate(model, ids, mask, medusa=True, tree="small", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.summary()["tau"] > 2.5
+
+
+def test_save_and_load_round_trip_with_a_draft_vocabulary(tmp_path) -> None:
+    model = _recurrent(tree=[[0], [1], [0, 0], [0, 0, 0]])
+    token_ids = torch.arange(0, model.config.vocab_size, 2)
+    fresh = MedusaForCausalLM.from_base(
+        model.base, MedusaConfig(num_heads=3, head_type="recurrent", share_lm_head=False), token_ids=token_ids
+    )
+    with torch.no_grad():
+        for parameter in fresh.heads.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    for source in (model, fresh):
+        source.save_pretrained(tmp_path / str(id(source)))
+        reloaded = MedusaForCausalLM.from_pretrained(tmp_path / str(id(source)), base_model=source.base)
+        assert isinstance(reloaded.heads, RecurrentHeads) and reloaded.config.head_type == "recurrent"
+        before, after = source.heads.state_dict(), reloaded.heads.state_dict()
+        assert before.keys() == after.keys()
+        for name in before:
+            assert torch.equal(before[name], after[name]), name
+        ids, mask = ragged_batch(2)
+        assert torch.equal(_generate(reloaded, ids, mask, medusa=True), _generate(source.base, ids, mask))
+    assert "(recurrent)" in (tmp_path / str(id(fresh)) / "README.md").read_text()
+
+
+def test_errors() -> None:
+    with pytest.raises(ValueError, match="head_type must be one of"):
+        MedusaConfig(head_type="hydra")
+    base = tiny_model("llama", seed=0)
+    medusa_heads = MedusaHeads(2, 1, base.config.hidden_size, base.config.vocab_size, share_lm_head=True)
+    with pytest.raises(ValueError, match="head_type is 'recurrent' but the heads are MedusaHeads"):
+        MedusaForCausalLM(base, MedusaConfig(num_heads=2, head_type="recurrent"), heads=medusa_heads)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, head_type="recurrent"))
+    with pytest.raises(ValueError, match="pass `input_ids` or `labels`"):
+        model(hidden_states=torch.zeros(1, 3, base.config.hidden_size))
