@@ -4,7 +4,7 @@ from hf_specdec.acceptance import greedy_accept, point_draft_sampling, residual_
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.lookup import PromptLookupDrafter
-from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads
+from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
 from hf_specdec.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.tree import DraftTree, build_tree, preset_tree
@@ -16,6 +16,7 @@ __all__ = [
     "MedusaForCausalLM",
     "MedusaHeads",
     "PromptLookupDrafter",
+    "RecurrentHeads",
     "SpeculativeDecoderOnlyOutput",
     "SpeculativeGenerationMixin",
     "SpeculativeStats",
