@@ -112,6 +112,25 @@ def test_loss_trains_each_depth_only_on_unbroken_runs() -> None:
     assert targets == [[6, 7, 9, 10, 11], [7, 10, 11], [11]]
 
 
+def test_relabelled_data_trains_only_on_the_bases_own_path() -> None:
+    """With relabelled data (labels: the base's predictions on someone else's text), where the data leaves the
+    base's path its later labels follow the data: a depth whose inputs cross that point does not train."""
+    model = _recurrent(share_lm_head=False)
+    base = model.base
+    labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7, 8, 4]])  # the base's next-token choices
+    input_ids = torch.tensor([[1, 5, 9, 7, 8, 4]])  # the data: token 2 is not the base's choice (6)
+    hidden = torch.randn(1, labels.shape[1], base.config.hidden_size)
+    lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    _, _, outputs = medusa_loss_from_hidden(
+        model.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=input_ids
+    )
+    targets = [model.heads.to_token_ids(index).tolist() for _, index in outputs]
+    # Depth 0 at t=0 reads 5 (on the path) and learns 6; at t=1 it would read 6, which the data never wrote.
+    assert targets == [[6, 8, 4], [4], []]
+    _, run = following_tokens(labels, 2, input_ids)
+    assert run[0].tolist() == [1, 0, 3, 2, 1, 0]
+
+
 def _fit(model: MedusaForCausalLM, sequences: torch.Tensor, steps: int = 200) -> None:
     optimizer = torch.optim.Adam(model.heads.parameters(), lr=2e-2)
     with torch.no_grad():

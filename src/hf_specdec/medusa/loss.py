@@ -45,51 +45,76 @@ def head_weights(num_heads: int, decay: float = 0.8) -> torch.Tensor:
 
 
 def medusa_loss(
-    head_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+    head_logits: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    input_ids: torch.Tensor | None = None,
+    heads: DraftHeads | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted cross-entropy of every head against its shifted labels.
+    """Weighted cross-entropy of every head against its shifted labels, at the positions where it trains (see
+    [`following_tokens`]; the same as [`medusa_loss_from_hidden`], from logits at every position).
 
     Args:
         head_logits (`torch.Tensor` of shape `(heads, batch, seq, vocab)`).
-        labels (`torch.LongTensor` of shape `(batch, seq)`): as for [`head_labels`].
+        labels (`torch.LongTensor` of shape `(batch, seq)`): token ids, `IGNORE_INDEX` where no loss applies.
         weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
+        input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, for relabelled
+            data (see [`following_tokens`]).
+        heads (`DraftHeads`, *optional*): when they have a draft vocabulary (the logits are then positions in
+            it; labels outside it add no loss).
 
     Returns:
         `(loss, per_head)`: the weighted sum (a scalar) and each head's mean loss `(heads,)`.
     """
     num_heads = head_logits.shape[0]
     weights = head_weights(num_heads) if weights is None else weights
-    per_head = torch.stack(
-        [
-            functional.cross_entropy(
-                head_logits[k].flatten(0, 1).float(), head_labels(labels, k).flatten(), ignore_index=IGNORE_INDEX
-            )
-            for k in range(num_heads)
-        ]
-    )
-    per_head = torch.nan_to_num(per_head)  # a head with no label in the batch contributes nothing
-    return (weights.to(per_head.device) * per_head).sum(), per_head
+    window, run = following_tokens(labels, num_heads, input_ids)
+    per_head = []
+    for k in range(num_heads):
+        target = window[..., k + 1] if heads is None else heads.to_head_index(window[..., k + 1])
+        target = torch.where(depth_targets(window, run, k) & (target >= 0), target, IGNORE_INDEX)
+        per_head.append(
+            functional.cross_entropy(head_logits[k].flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE_INDEX)
+        )
+    per_head_tensor = torch.nan_to_num(torch.stack(per_head))  # a head with no label in the batch adds nothing
+    return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor
 
 
-def following_tokens(labels: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every position t, the labelled tokens after it and how many of them follow without a gap.
+def following_tokens(
+    labels: torch.Tensor, depth: int, input_ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every position t, the labelled tokens after it, and how many of them follow on the base's own path.
 
     Depth i (from 0) of a drafter at t reads tokens t + 1 .. t + 1 + i and guesses t + 2 + i; at decoding
-    time it only matters when all of those are the base's own, so it trains only where they are labelled.
+    time it only matters when all of those are the base's own choices, so it trains only where they are:
+    labelled and, when the labels are the base's predictions on someone else's text (`--relabel_with_base`),
+    equal to the data's tokens (where they differ, the labels after that point follow the data, not the
+    base's choice).
 
     Args:
         labels (`torch.LongTensor` of shape `(batch, seq)`): `IGNORE_INDEX` where no loss applies.
         depth (`int`): how many depths.
+        input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, when the labels
+            may differ from them.
 
     Returns:
-        `(window, run)`: `window` `(batch, seq, depth + 1)` holds tokens t + 1 .. t + 1 + depth (`IGNORE_INDEX`
-        past the end); `run` `(batch, seq)` counts the labelled tokens from t + 1 on before the first gap.
-        Depth i trains at t when `run > i + 1`.
+        `(window, run)`: `window` `(batch, seq, depth + 1)` holds labels t + 1 .. t + 1 + depth (`IGNORE_INDEX`
+        past the end); `run` `(batch, seq)` counts the tokens from t + 1 on that are on the base's path, up to
+        the first that is not. Depth i trains at t when `run >= i + 1` and label t + 2 + i exists.
     """
+    on_path = labels != IGNORE_INDEX
+    if input_ids is not None:
+        on_path &= input_ids == labels
     padded = functional.pad(labels, (0, depth + 1), value=IGNORE_INDEX)
     window = padded.unfold(1, depth + 1, 1)[:, 1 : labels.shape[1] + 1]  # (B, T, depth + 1)
-    run = (window != IGNORE_INDEX).long().cumprod(dim=-1).sum(dim=-1)
+    path = functional.pad(on_path, (0, depth + 1), value=False).unfold(1, depth + 1, 1)[:, 1 : labels.shape[1] + 1]
+    run = path.long().cumprod(dim=-1).sum(dim=-1)
     return window, run
+
+
+def depth_targets(window: torch.Tensor, run: torch.Tensor, depth: int) -> torch.Tensor:
+    """Where depth `depth` (from 0) trains, given [`following_tokens`]: a boolean mask like `run`."""
+    return (run >= depth + 1) & (window[..., depth + 1] != IGNORE_INDEX)
 
 
 def medusa_loss_from_hidden(
@@ -99,13 +124,14 @@ def medusa_loss_from_hidden(
     labels: torch.Tensor,
     weights: torch.Tensor | None = None,
     embeddings: nn.Module | None = None,
+    input_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """The weighted per-depth cross-entropy of any draft heads, computed only where it has a label.
 
     With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
-    carry no label, so they are skipped before the projection. Depth i (head i) at position t learns token
-    t + 2 + i where tokens t + 1 .. t + 2 + i are all labelled (see [`following_tokens`]); heads that read
-    the drafted tokens (recurrent ones) are teacher-forced with the labels.
+    carry no label, so they are skipped before the projection. Depth i (head i) at position t learns label
+    t + 2 + i where tokens t + 1 .. t + 1 + i are on the base's own path (see [`following_tokens`]); heads
+    that read the drafted tokens (recurrent ones) are teacher-forced with the labels.
 
     Args:
         heads (`DraftHeads`), lm_head: the heads and the base's output projection.
@@ -113,6 +139,9 @@ def medusa_loss_from_hidden(
         labels (`torch.LongTensor` of shape `(batch, seq)`).
         weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
         embeddings (`nn.Module`, *optional*): the base's input embeddings (needed by recurrent heads).
+        input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, when the labels
+            are the base's predictions on them (relabelled data); positions off the base's path then do not
+            train.
 
     Labels outside the heads' draft vocabulary (if they have one) add no loss but count as misses in metrics.
 
@@ -123,13 +152,13 @@ def medusa_loss_from_hidden(
     """
     depth = heads.num_heads
     weights = head_weights(depth) if weights is None else weights
-    window, run = following_tokens(labels, depth)
-    keep = run >= 2  # depth 0 has its input and its label
+    window, run = following_tokens(labels, depth, input_ids)
+    keep = depth_targets(window, run, 0)  # depth 0 has its input and its label
     window, run = window[keep], run[keep]  # (M, depth + 1), (M,)
     logits = heads.depth_logits(hidden[keep], window[:, :depth].clamp_min(0), lm_head, embeddings)
     per_head, outputs = [], []
     for k in range(depth):
-        trained = run >= k + 2
+        trained = depth_targets(window, run, k)
         head_logits = logits[k][trained]
         index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the heads' vocabulary
         learnable = index >= 0
@@ -145,19 +174,25 @@ def medusa_loss_from_hidden(
 
 @torch.no_grad()
 def head_accuracy(
-    head_logits: torch.Tensor, labels: torch.Tensor, top_k: int = 1, heads: DraftHeads | None = None
+    head_logits: torch.Tensor,
+    labels: torch.Tensor,
+    top_k: int = 1,
+    heads: DraftHeads | None = None,
+    input_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Share of labelled positions where each head's top-`top_k` holds its label `(heads,)`; pass `heads` when
-    they have a draft vocabulary (their logits are then positions in it; labels outside it count as misses)."""
+    """Share of the positions where each head trains (see [`following_tokens`]) at which its top-`top_k` holds
+    its label `(heads,)`; pass `heads` when they have a draft vocabulary (their logits are then positions in
+    it; labels outside it count as misses)."""
+    window, run = following_tokens(labels, head_logits.shape[0], input_ids)
     accuracies = []
     for k in range(head_logits.shape[0]):
-        target = head_labels(labels, k)  # (B, T)
-        if heads is not None:
-            target = torch.where(target == IGNORE_INDEX, IGNORE_INDEX, heads.to_head_index(target))
-        keep = target != IGNORE_INDEX
+        keep = depth_targets(window, run, k)
         if not keep.any():
             accuracies.append(torch.tensor(float("nan")))
             continue
+        target = window[..., k + 1]  # (B, T)
+        if heads is not None:
+            target = heads.to_head_index(target)
         top = head_logits[k].topk(top_k, dim=-1).indices  # (B, T, top_k)
         hit = (top == target[..., None]).any(dim=-1)
         accuracies.append(hit[keep].float().mean().cpu())

@@ -273,9 +273,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             head_logits = self.heads(hidden_states, lm_head)
         result = {"head_logits": head_logits}
         if labels is not None:
-            targets = self.heads.to_head_index(labels)  # tokens outside the heads' vocabulary cannot be learnt
-            targets[targets < 0] = IGNORE_INDEX
-            result["loss"] = medusa_loss(head_logits, targets)[0]
+            result["loss"] = medusa_loss(head_logits, labels, input_ids=input_ids, heads=self.heads)[0]
         return result
 
 

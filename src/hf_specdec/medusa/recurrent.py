@@ -60,6 +60,7 @@ class RecurrentHeads(DraftHeads):
         self.state_in = nn.Linear(hidden_size, hidden_size)
         self.token_in = nn.Linear(embedding_size, hidden_size, bias=False)
         nn.init.zeros_(self.state_in.weight)
+        nn.init.zeros_(self.state_in.bias)
         nn.init.zeros_(self.token_in.weight)
         self.blocks = nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers)))
 
@@ -124,15 +125,13 @@ class RecurrentHeads(DraftHeads):
         nodes[:, 0] = root
         states = hidden.new_empty(batch, tree.num_nodes, hidden.shape[-1], dtype=self.dtype)
         parent_states = hidden.to(self.dtype)[:, None]  # the state before the root: h_t
-        for level in _expansion_plan(tree):
-            parents = level.parents.to(root.device)
+        for level in _expansion_plan(tree, root.device):
             if level.grandparents is not None:
-                parent_states = states[:, level.grandparents.to(root.device)]
-            expanded = self.step(parent_states, nodes[:, parents], embeddings)  # (B, P, H)
-            states[:, parents] = expanded
+                parent_states = states[:, level.grandparents]
+            expanded = self.step(parent_states, nodes[:, level.parents], embeddings)  # (B, P, H)
+            states[:, level.parents] = expanded
             top = self.logits(expanded, lm_head).topk(level.top_k, dim=-1).indices  # (B, P, k)
-            chosen = top[:, level.slots.to(root.device), level.ranks.to(root.device)]  # (B, C)
-            nodes[:, level.children.to(root.device)] = self.to_token_ids(chosen)
+            nodes[:, level.children] = self.to_token_ids(top[:, level.slots, level.ranks])  # (B, C)
         return nodes
 
 
@@ -150,18 +149,20 @@ class _Level:
         children: list[int],
         slots: list[int],
         ranks: list[int],
+        device: torch.device,
     ) -> None:
-        self.parents = torch.tensor(parents)  # nodes whose state advances at this depth
-        self.grandparents = None if grandparents is None else torch.tensor(grandparents)  # their parents
-        self.children = torch.tensor(children)  # the nodes filled from them
-        self.slots = torch.tensor(slots)  # each child's parent, as a position in `parents`
-        self.ranks = torch.tensor(ranks)  # each child's candidate rank
+        self.parents = torch.tensor(parents, device=device)  # nodes whose state advances at this depth
+        self.grandparents = None if grandparents is None else torch.tensor(grandparents, device=device)
+        self.children = torch.tensor(children, device=device)  # the nodes filled from them
+        self.slots = torch.tensor(slots, device=device)  # each child's parent, as a position in `parents`
+        self.ranks = torch.tensor(ranks, device=device)  # each child's candidate rank
         self.top_k = max(ranks) + 1
 
 
 @functools.lru_cache(maxsize=32)
-def _expansion_plan(tree: DraftTree) -> tuple[_Level, ...]:
-    """Depth by depth, which nodes expand and which children they fill (computed once per tree)."""
+def _expansion_plan(tree: DraftTree, device: torch.device) -> tuple[_Level, ...]:
+    """Depth by depth, which nodes expand and which children they fill (computed once per tree and device, so
+    that decoding copies no index to the device at every step)."""
     parent_of = tree.parents.tolist()
     depth_of = tree.depths.tolist()
     rank_of = tree.ranks.tolist()
@@ -177,6 +178,7 @@ def _expansion_plan(tree: DraftTree) -> tuple[_Level, ...]:
                 children,
                 [slot[parent_of[c]] for c in children],
                 [rank_of[c] for c in children],
+                device,
             )
         )
     return tuple(levels)

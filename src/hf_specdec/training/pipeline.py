@@ -124,7 +124,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
                 tokenizer.pad_token_id,
                 relabel=config.relabel_with_base,
             )
-            tokenized = tokenized.remove_columns("input_ids")
+            # input_ids stay: with relabelled labels they tell where the data follows the base's own path.
     split = (
         tokenized.train_test_split(test_size=config.eval_fraction, seed=training_args.seed)
         if config.eval_fraction
