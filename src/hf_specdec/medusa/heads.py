@@ -84,7 +84,9 @@ class DraftHeads(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
+        """The heads' own dtype (float32 for heads without weights: no blocks and the base's lm_head)."""
+        parameter = next(self.parameters(), None)
+        return torch.get_default_dtype() if parameter is None else parameter.dtype
 
     def init_projections_from(self, lm_head: nn.Module) -> None:
         """Copy the base's lm_head weights (the draft vocabulary's rows) into every own projection (Medusa's

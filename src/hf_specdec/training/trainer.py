@@ -49,7 +49,7 @@ class MedusaTrainer(Trainer):
         """The base's last hidden states, and the base's own loss term (0 unless the base trains)."""
         medusa = self.medusa
         if "hidden_states" in inputs:
-            dtype = next(medusa.heads.parameters()).dtype
+            dtype = medusa.heads.dtype
             return inputs["hidden_states"].to(dtype), torch.zeros((), device=inputs["labels"].device)
         model_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
         if not medusa.base_trains:
@@ -73,7 +73,7 @@ class MedusaTrainer(Trainer):
     ) -> None:
         hidden, base_loss = self._hidden_states(inputs)
         medusa = self.medusa
-        hidden = hidden.to(next(medusa.heads.parameters()).dtype)  # heads train in their own dtype (float32)
+        hidden = hidden.to(medusa.heads.dtype)  # heads train in their own dtype (float32)
         weights = head_weights(medusa.config.num_heads, self.head_decay)
         lm_head = medusa.base.get_output_embeddings()
         embeddings = medusa.base.get_input_embeddings()
