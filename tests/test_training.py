@@ -29,6 +29,7 @@ from hf_specdec.training import (
 )
 from hf_specdec.training.data import to_messages
 from hf_specdec.training.hidden_cache import base_labels
+from hf_specdec.training.trainer import TOP_K
 from tests.tiny_models import VOCAB, tiny_model
 
 ROLES = ["user", "assistant", "system"]
@@ -192,7 +193,7 @@ def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
     assert saved["blocks.0.0.linear.weight"].dtype == torch.float32
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["num_heads"] == 2 and len(config["measured_top1"]) == 2 and config["tree"]
-    assert len(config["measured_accuracy"]) == 2 and len(config["measured_accuracy"][0]) == 5
+    assert len(config["measured_accuracy"]) == 2 and len(config["measured_accuracy"][0]) == TOP_K
     assert "expected_tau" in config["extra"]
     assert config["head_vocab_size"] == 40 and 0.0 < config["extra"]["head_vocab_coverage"] <= 1.0
     model = MedusaForCausalLM.from_pretrained(out)
