@@ -55,3 +55,30 @@ def test_smollm2_greedy_is_token_identical(smollm2, batch: int) -> None:
     summary = out.speculative.summary()
     assert 0.0 < summary["acceptance_rate"] < 1.0  # a real draft: some accepted, some rejected
     assert tokenizer.decode(plain[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+
+
+def test_smollm2_recurrent_heads_made_right_keep_identity(smollm2) -> None:
+    """Recurrent heads (over a small draft vocabulary) fitted to SmolLM2's own greedy replies accept long paths
+    on the real model, batch 3, and the output stays plain greedy's, token for token."""
+    target, _, tokenizer = smollm2
+    inputs = _chat(tokenizer, PROMPTS)
+    plain = target.generate(**inputs, max_new_tokens=24, do_sample=False)
+    config = hf_specdec.MedusaConfig(num_heads=3, head_type="recurrent")
+    token_ids = torch.unique(plain)  # every token of the replies (and prompts): the heads can be right
+    model = hf_specdec.MedusaForCausalLM.from_base(target, config, token_ids=token_ids)
+    with torch.no_grad():
+        hidden = target(plain, attention_mask=(plain != tokenizer.pad_token_id).long(), output_hidden_states=True)
+        hidden = hidden.hidden_states[-1]
+    labels = plain.clone()
+    labels[:, : inputs["input_ids"].shape[1]] = -100  # learn the replies only
+    optimizer = torch.optim.Adam(model.heads.parameters(), lr=3e-3)
+    for _ in range(60):
+        loss = model(input_ids=plain, labels=labels, hidden_states=hidden)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    out = model.generate(
+        **inputs, max_new_tokens=24, do_sample=False, medusa=True, tree="small", return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.summary()["tau"] > 1.5
