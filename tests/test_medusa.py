@@ -27,13 +27,13 @@ def test_random_heads_keep_plain_greedy(arch: str, batch: int, tree: str) -> Non
     assert torch.equal(_generate(model, ids, mask, medusa=True, tree=tree), plain)
 
 
-def _fit_heads(model: MedusaForCausalLM, sequences: torch.Tensor, steps: int = 150) -> None:
-    """Train the heads on the base's own greedy continuations until they are (mostly) right."""
-    optimizer = torch.optim.Adam(model.heads.parameters(), lr=3e-2)
+def _fit_heads(model: MedusaForCausalLM, sequences: torch.Tensor, steps: int = 150, lr: float = 3e-2) -> None:
+    """Train the heads (of either kind) on the base's own greedy continuations until they are (mostly) right."""
+    optimizer = torch.optim.Adam(model.heads.parameters(), lr=lr)
     with torch.no_grad():
         hidden = model.base(sequences, output_hidden_states=True).hidden_states[-1]
     for _ in range(steps):
-        loss, _ = medusa_loss(model.heads(hidden, model.base.get_output_embeddings()), sequences)
+        loss = model(input_ids=sequences, labels=sequences, hidden_states=hidden)["loss"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

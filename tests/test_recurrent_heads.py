@@ -11,11 +11,8 @@ from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, following_tokens, medusa_loss_from_hidden
 from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.tree import DraftTree, preset_tree
+from tests.test_medusa import _fit_heads, _generate
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
-
-
-def _generate(model, ids, mask, **kwargs):
-    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=30, do_sample=False, **kwargs)
 
 
 def _recurrent(arch: str = "llama", noise: float = 0.3, **config) -> MedusaForCausalLM:
@@ -131,22 +128,11 @@ def test_relabelled_data_trains_only_on_the_bases_own_path() -> None:
     assert run[0].tolist() == [1, 0, 3, 2, 1, 0]
 
 
-def _fit(model: MedusaForCausalLM, sequences: torch.Tensor, steps: int = 200) -> None:
-    optimizer = torch.optim.Adam(model.heads.parameters(), lr=2e-2)
-    with torch.no_grad():
-        hidden = model.base(sequences, output_hidden_states=True).hidden_states[-1]
-    for _ in range(steps):
-        loss = model(input_ids=sequences, labels=sequences, hidden_states=hidden)["loss"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-
 def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
     model = _recurrent(noise=0.0, share_lm_head=False)
     ids, mask = ragged_batch(3, seed=4)
     plain = _generate(model.base, ids, mask)
-    _fit(model, plain)
+    _fit_heads(model, plain, steps=200, lr=2e-2)
     out = _generate(model, ids, mask, medusa=True, tree="small", return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["tau"] > 2.5
