@@ -42,7 +42,8 @@ from transformers import (
 )
 
 import hf_specdec.medusa.decoding as medusa_decoding
-from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec.row_trees import RowTrees
 from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import sample_accept_tree, typical_accept_tree
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sampling_warpers
@@ -60,15 +61,10 @@ def _pvalues(samples: torch.Tensor, joint: torch.Tensor, checks: tuple[tuple[str
     return {name: chisquare_pvalue(samples[:, cols], marginal(joint, cols)) for name, cols in checks}
 
 
-def _locate(node: torch.Tensor, tree: DraftTree) -> torch.Tensor:
-    """The index in `tree.paths` of a path through each `node` `(B,)` (for the broken rules below)."""
-    return (tree.paths[:, tree.depths[node]] == node[None]).float().argmax(0)
-
-
 def _tree_rule(
     node_tokens: torch.Tensor,
     p: torch.Tensor,
-    tree: DraftTree,
+    trees: RowTrees,
     generator: torch.Generator | None = None,
     *,
     test: bool = True,
@@ -87,10 +83,10 @@ def _tree_rule(
     current = torch.zeros(batch, dtype=torch.long)
     searching = torch.ones(batch, dtype=torch.bool)
     residual = p[:, 0].clone()
-    for _ in range(tree.depth):
+    for _ in range(trees.depth):
         moved = torch.zeros_like(searching)
-        for rank in range(tree.children.shape[1]):
-            child = tree.children[current, rank]
+        for rank in range(trees.children.shape[2]):
+            child = trees.children[rows, current, rank]
             trying = searching & ~moved & (child >= 0)
             token = node_tokens[rows, child.clamp_min(0)]
             u = torch.rand(batch, dtype=p.dtype, generator=generator)
@@ -106,7 +102,7 @@ def _tree_rule(
             residual[accept] = p[rows[accept], child[accept]]
         searching &= moved
     next_token = torch.multinomial(residual, 1, generator=generator).squeeze(1)
-    return _locate(current, tree), tree.depths[current], next_token
+    return current, trees.depths[rows, current], next_token
 
 
 BROKEN_RULES = {
@@ -123,6 +119,7 @@ BROKEN_RULES = {
 UNIT_VOCAB = 6
 UNIT_SAMPLES = 100_000
 UNIT_TREE = DraftTree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
+UNIT_TREES = RowTrees.from_tree(UNIT_TREE)
 # Node tokens in the tree's (breadth-first) node order: the root, depth 1 by rank, then (0,0), (0,1), (1,0).
 # Siblings are distinct (a head's top-k), and (0,0) and (1,0) hold the same token (one head fills a depth).
 # Tokens 0 and 5 are never drafted at depth 1.
@@ -179,8 +176,9 @@ def _unit_samples(rule: Callable, case: str, seed: int) -> tuple[torch.Tensor, t
     """
     generator = torch.Generator().manual_seed(seed)
     nodes = torch.tensor(UNIT_NODES)[None].expand(UNIT_SAMPLES, -1).contiguous()
-    path, num_accepted, next_token = rule(nodes, _unit_p(case, UNIT_SAMPLES), UNIT_TREE, generator=generator)
-    path_nodes = UNIT_TREE.paths[path]  # (n, D+1)
+    trees = UNIT_TREES.expand(UNIT_SAMPLES)
+    node, num_accepted, next_token = rule(nodes, _unit_p(case, UNIT_SAMPLES), trees, generator=generator)
+    path_nodes = trees.path_to(node)  # (n, D+1)
     emitted = nodes.gather(1, path_nodes[:, 1:].clamp_min(0))  # (n, D): the path's tokens ...
     emitted = torch.cat([emitted, torch.zeros_like(emitted[:, :1])], dim=1)
     emitted.scatter_(1, num_accepted[:, None], next_token[:, None])  # ... then the step's own token
@@ -244,8 +242,9 @@ def test_typical_acceptance_is_lossy_on_a_flat_target() -> None:
     target = torch.tensor([0.3, 0.15, 0.15, 0.15, 0.15, 0.1])  # entropy 1.73: threshold 0.053
     p = target.expand(UNIT_SAMPLES, UNIT_TREE.num_nodes, -1).clone()
     nodes = torch.tensor(UNIT_NODES)[None].expand(UNIT_SAMPLES, -1)
-    path, num_accepted, _ = typical_accept_tree(nodes, p, UNIT_TREE, generator=torch.Generator().manual_seed(3))
-    first = nodes.gather(1, UNIT_TREE.paths[path][:, 1:2])  # every row accepts a depth-1 candidate
+    trees = UNIT_TREES.expand(UNIT_SAMPLES)
+    node, num_accepted, _ = typical_accept_tree(nodes, p, trees, generator=torch.Generator().manual_seed(3))
+    first = nodes.gather(1, trees.path_to(node)[:, 1:2])  # every row accepts a depth-1 candidate
     assert bool((num_accepted >= 1).all())
     pvalue = chisquare_pvalue(first, target.double())
     assert pvalue < POWER_ALPHA, pvalue
@@ -263,7 +262,12 @@ NUM_HEADS = 3
 PROMPT = (1, 5, 2, 7, 3)
 SHARPEN = 16.0  # scales the base's output layer: peakier distributions, so that candidates are often right
 HEAD_NOISE = 0.3  # relative size of the random perturbation of the heads' weights
-TREES = {"chain": [[0], [0, 0], [0, 0, 0]], "branching": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}
+TREES = {
+    "chain": DraftTree([[0], [0, 0], [0, 0, 0]]),
+    "branching": DraftTree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    # grown per row and step from the heads' probabilities: shapes differ between rows of one forward
+    "dynamic": DynamicTree(num_nodes=6, depth=3, top_k=3),
+}
 SAMPLING = {
     "plain": {"temperature": 1.0, "top_k": None, "top_p": None},
     # top_k keeps 6 of 8 tokens, top_p then trims the tail further at most positions
@@ -326,16 +330,17 @@ def _medusa_samples(
     """MAX_NEW tokens for NUM_SAMPLES copies of PROMPT in one batch. Returns the generated tokens and
     `{"summary": stats summary, "accepted": how often each tree node was accepted}`."""
     model = _medusa(head_type)
-    draft_tree = DraftTree(TREES[tree])
-    accepted = torch.zeros(draft_tree.num_nodes, dtype=torch.long)
+    draft_tree = TREES[tree]
+    num_nodes = draft_tree.num_nodes + (1 if isinstance(draft_tree, DynamicTree) else 0)  # with the root
+    accepted = torch.zeros(num_nodes, dtype=torch.long)
     rule = medusa_decoding.sample_accept_tree  # the library's, or a broken one monkeypatched in
 
-    def counting_rule(nodes, p, tree_, generator=None):
-        path, num_accepted, next_token = rule(nodes, p, tree_, generator)
-        path_nodes = tree_.paths[path.cpu()][:, 1:]
-        depth = torch.arange(1, tree_.depth + 1)[None]
+    def counting_rule(nodes, p, trees, generator=None):
+        node, num_accepted, next_token = rule(nodes, p, trees, generator)
+        path_nodes = trees.path_to(node).cpu()[:, 1:]
+        depth = torch.arange(1, trees.depth + 1)[None]
         accepted.add_(torch.bincount(path_nodes[depth <= num_accepted.cpu()[:, None]], minlength=accepted.numel()))
-        return path, num_accepted, next_token
+        return node, num_accepted, next_token
 
     input_ids = torch.tensor([PROMPT] * NUM_SAMPLES)
     sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}

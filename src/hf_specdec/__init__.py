@@ -3,6 +3,7 @@
 from hf_specdec.acceptance import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
 from hf_specdec.mixin import SpeculativeGenerationMixin, speculative
@@ -12,6 +13,7 @@ from hf_specdec.tree import DraftTree, build_tree, preset_tree
 __all__ = [
     "DraftLengthPolicy",
     "DraftTree",
+    "DynamicTree",
     "MedusaConfig",
     "MedusaForCausalLM",
     "MedusaHeads",

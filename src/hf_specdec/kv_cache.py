@@ -112,7 +112,8 @@ class CachedSequence:
             input_ids (`torch.LongTensor` of shape `(batch, q)`): the new tokens (any id where not valid).
             new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real.
             new_positions (`torch.LongTensor` of shape `(batch, q)`): their logical positions.
-            structure (`torch.BoolTensor` of shape `(q, q)`): ancestor matrix among the new tokens.
+            structure (`torch.BoolTensor` of shape `(q, q)` or `(batch, q, q)`): ancestor matrix among the new
+                tokens (one per row when rows verify different trees).
             logits_to_keep (`int`): compute logits for the last this many tokens only; 0 keeps all.
             output_hidden_states (`bool`): also return the hidden states (for heads on the last layer).
 

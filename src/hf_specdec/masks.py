@@ -27,8 +27,9 @@ def visibility(
     Args:
         past_valid (`torch.BoolTensor` of shape `(batch, past)`): cache slots holding real tokens.
         new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real (not padding/holes).
-        structure (`torch.BoolTensor` of shape `(q, q)`): `structure[i, j]` is True when new token j is
-            an ancestor of (or is) new token i. A chain is the lower triangle; a tree, its ancestor matrix.
+        structure (`torch.BoolTensor` of shape `(q, q)` or `(batch, q, q)`): `structure[..., i, j]` is True
+            when new token j is an ancestor of (or is) new token i. A chain is the lower triangle; a tree, its
+            ancestor matrix (one per row when rows verify different trees).
         key_positions (`torch.LongTensor` of shape `(batch, past + q)`, *optional*): logical position of
             every key; needed only with `sliding_window`.
         query_positions (`torch.LongTensor` of shape `(batch, q)`, *optional*): logical position of every
@@ -42,7 +43,7 @@ def visibility(
     batch, q = new_valid.shape
     past = past_valid.shape[1]
     past_part = past_valid[:, None, :].expand(batch, q, past)  # (B, q, P)
-    new_part = structure[None, :, :] & new_valid[:, None, :]  # (B, q, q)
+    new_part = structure.expand(batch, q, q) & new_valid[:, None, :]  # (B, q, q)
     visible = torch.cat([past_part, new_part], dim=2)  # (B, q, P+q)
     if sliding_window is not None:
         if key_positions is None or query_positions is None:

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from hf_specdec.dynamic_tree import DynamicTree
+
 
 @dataclass(frozen=True)
 class Method:
@@ -64,6 +66,10 @@ METHODS: dict[str, Method] = {
         Method("medusa", "medusa", {"medusa": True}),
         Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
         Method("medusa-8", "medusa", {"medusa": True, "tree": 8}),
+        # Trees grown per step from the heads' own probabilities (8 or 12 nodes, as deep as the heads; or 6).
+        Method("medusa-dyn8", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8)}),
+        Method("medusa-dyn12", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=12)}),
+        Method("medusa-dyn8-d6", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8, depth=6)}),
         Method(
             "specdec-k4",
             "specdec",

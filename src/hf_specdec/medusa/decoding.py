@@ -14,11 +14,13 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.decoding import choose_token, finish, prompt_positions, reject_model_kwargs, stream, synchronize
+from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.row_trees import RowTrees
 from hf_specdec.sequences import TokenBuffer
 from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
@@ -31,21 +33,27 @@ def tree_scores(
     buffer: TokenBuffer,
     nodes: torch.Tensor,
     logits: torch.Tensor,
-    tree: DraftTree,
+    trees: RowTrees,
 ) -> torch.Tensor:
     """Processed scores `(batch, nodes, vocab)` after every tree node, each with its own prefix.
 
     A node's prefix is the row's committed tokens and the drafted tokens on its path. Processors that only
-    read the scores run once over all nodes; the others run path by path, with the path's tokens written
-    after the committed ones (a node shared by several paths gets the same scores from each).
+    read the scores run once over all nodes; the others run path by path (to every node that is a leaf in
+    some row), with the path's tokens written after the committed ones (a node shared by several paths gets
+    the same scores from each).
     """
     if processors.prefix_free:
         return processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)
     scores = torch.empty_like(logits)
-    for path in tree.paths.tolist():
-        on_path = torch.tensor([n for n in path if n >= 0], device=logits.device)  # root first
-        buffer.write(0, nodes[:, on_path[1:]])  # uncommitted: the prefix of the path's later nodes
-        scores[:, on_path] = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits[:, on_path])
+    rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]
+    for leaf in trees.leaves.any(dim=0).nonzero().flatten().tolist():
+        path = trees.paths[:, leaf]  # (B, D+1), root first, -1 after the node
+        on_path = path >= 0
+        path_nodes = path.clamp_min(0)
+        buffer.write(0, nodes.gather(1, path_nodes[:, 1:]))  # uncommitted: the prefix of the path's later nodes
+        processed = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits[rows, path_nodes])
+        b, d = on_path.nonzero(as_tuple=True)
+        scores[b, path[b, d]] = processed[b, d]
     return scores
 
 
@@ -58,7 +66,7 @@ def medusa_decode(
     generation_config: GenerationConfig,
     *,
     heads: DraftHeads,
-    tree: DraftTree,
+    tree: DraftTree | DynamicTree,
     acceptance: str = "exact",
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
@@ -73,7 +81,8 @@ def medusa_decode(
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
         heads (`DraftHeads`): the heads on the base's last hidden state (Medusa's or recurrent ones).
-        tree (`DraftTree`): which candidates to verify; no deeper than there are heads.
+        tree (`DraftTree` or `DynamicTree`): which candidates to verify: the same tree at every step, or one
+            grown per row and step from the heads' probabilities.
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
         streamer, generator: as for [`speculative_decode`].
@@ -81,6 +90,8 @@ def medusa_decode(
     Returns:
         `torch.LongTensor` `(batch, prompt + new)`, or a `SpeculativeDecoderOnlyOutput`.
     """
+    if isinstance(tree, DynamicTree) and tree.depth is None:
+        raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     do_sample = bool(generation_config.do_sample)
@@ -89,6 +100,7 @@ def medusa_decode(
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     processors = RaggedLogitsProcessor(logits_processor)
     buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=tree.depth + 1)
+    static = RowTrees.from_tree(tree, device) if isinstance(tree, DraftTree) else None
     stats = SpeculativeStats.zeros(input_ids.shape[0])
 
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
@@ -102,7 +114,6 @@ def medusa_decode(
     stream(streamer, last_token[:, None], emitted)
     next_position = positions[:, -1] + 2  # (A,) position of the first drafted node
     lm_head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-    structure = tree.ancestors.to(device)
 
     while True:
         keep = buffer.retire(finished)
@@ -112,42 +123,47 @@ def medusa_decode(
             target.select_rows(keep)
             next_position, last_token, hidden = next_position[keep], last_token[keep], hidden[keep]
         started = time.perf_counter()
-        # Draft: the heads' top candidates fill the tree.
-        nodes = heads.tree_candidates(hidden[:, -1], last_token, tree, lm_head, embeddings)  # (A, N)
+        # Draft: the heads' top candidates fill the tree (the same tree every step, or grown per row).
+        if static is not None:
+            nodes = heads.tree_candidates(hidden[:, -1], last_token, tree, lm_head, embeddings)  # (A, N)
+            trees = static.expand(nodes.shape[0])
+        else:
+            nodes, trees = heads.dynamic_candidates(hidden[:, -1], last_token, tree, lm_head, embeddings)
         synchronize(device)
         drafted = time.perf_counter()
         # Verify: one forward over the whole tree under its ancestor mask.
-        node_positions = (next_position[:, None] - 1 + tree.depths.to(device)[None]).clamp_max(buffer.max_length - 1)
+        node_positions = (next_position[:, None] - 1 + trees.depths).clamp_max(buffer.max_length - 1)
         every = torch.ones_like(nodes, dtype=torch.bool)
-        out = target.forward(nodes, every, node_positions, structure, output_hidden_states=True)
-        scores = tree_scores(processors, buffer, nodes, out.logits.float(), tree)  # (A, N, V)
-        # Accept: the longest right path.
+        out = target.forward(nodes, every, node_positions, trees.ancestors, output_hidden_states=True)
+        scores = tree_scores(processors, buffer, nodes, out.logits.float(), trees)  # (A, N, V)
+        # Accept: the deepest node with a right path.
         if not do_sample:
-            path, num_accepted, next_token = greedy_accept_tree(nodes, scores, tree)
+            last_node, num_accepted, next_token = greedy_accept_tree(nodes, scores, trees)
         elif acceptance == "typical":
             p = torch.softmax(scores, dim=-1)
-            path, num_accepted, next_token = typical_accept_tree(
-                nodes, p, tree, typical_epsilon, typical_delta, generator
+            last_node, num_accepted, next_token = typical_accept_tree(
+                nodes, p, trees, typical_epsilon, typical_delta, generator
             )
         else:
-            path, num_accepted, next_token = sample_accept_tree(nodes, torch.softmax(scores, dim=-1), tree, generator)
+            last_node, num_accepted, next_token = sample_accept_tree(
+                nodes, torch.softmax(scores, dim=-1), trees, generator
+            )
         # Commit: the accepted path's tokens and KV entries, in order.
-        path_nodes = tree.paths.to(device)[path]  # (A, D+1), the root first
+        path_nodes = trees.path_to(last_node)  # (A, D+1), the root first
         new_tokens = nodes.gather(1, path_nodes[:, 1:].clamp_min(0))  # (A, D)
         new_tokens = torch.cat([new_tokens, next_token[:, None]], dim=1)  # (A, D+1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, None)
         stream(streamer, new_tokens, emitted)
-        target.keep_nodes(tree.num_nodes, path_nodes, num_accepted + 1)
+        target.keep_nodes(trees.num_nodes, path_nodes, num_accepted + 1)
         target.maybe_compact()
-        last_node = path_nodes.gather(1, num_accepted[:, None])  # (A, 1)
         states = out.hidden_states[-1]  # (A, N, H)
-        hidden = states.gather(1, last_node[..., None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
+        hidden = states.gather(1, last_node[:, None, None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
         next_position = next_position + num_accepted + 1
         last_token = next_token
         synchronize(device)
         verified = time.perf_counter()
-        stats.record_step(buffer.active, tree.depth, num_accepted, emitted)
+        stats.record_step(buffer.active, trees.row_depths, num_accepted, emitted)
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted
 

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from hf_specdec.dynamic_tree import DynamicTree, Expander
+from hf_specdec.row_trees import RowTrees
 from hf_specdec.tree import DraftTree
 from hf_specdec.vocab import VocabularyRows, check_token_ids, vocab_index
 
@@ -32,7 +34,8 @@ class DraftHeads(nn.Module):
     they project onto those rows of the vocabulary and their logits have `len(token_ids)` entries. On a
     large vocabulary this makes the heads several times cheaper, and it stays lossless (the base verifies).
 
-    Subclasses define `num_heads`, [`depth_logits`] (training) and [`tree_candidates`] (decoding).
+    Subclasses define `num_heads` and `max_dynamic_depth`, [`depth_logits`] (training), and for decoding
+    [`tree_candidates`] (static trees) and [`expander`] (dynamic trees).
 
     Args:
         hidden_size (`int`): the base's hidden size.
@@ -158,6 +161,28 @@ class DraftHeads(nn.Module):
         """
         raise NotImplementedError
 
+    @property
+    def max_dynamic_depth(self) -> int | None:
+        """The deepest dynamic tree the heads can grow (`None`: no limit)."""
+        raise NotImplementedError
+
+    def expander(self, hidden: torch.Tensor, lm_head: nn.Module, embeddings: nn.Module) -> Expander:
+        """The next-token log-probabilities after a frontier of nodes, depth by depth, for growing a
+        [`DynamicTree`] from the base's last hidden state `hidden` `(batch, hidden)` (see `Expander`)."""
+        raise NotImplementedError
+
+    def dynamic_candidates(
+        self,
+        hidden: torch.Tensor,
+        root: torch.Tensor,
+        spec: DynamicTree,
+        lm_head: nn.Module,
+        embeddings: nn.Module,
+    ) -> tuple[torch.Tensor, RowTrees]:
+        """Every row's tree for this step, grown from the heads' probabilities: `(nodes, trees)`, the token of
+        every node `(batch, spec.num_nodes + 1)` (the root, `root`, first) and the trees' structure."""
+        return spec.grow(root, self.expander(hidden, lm_head, embeddings), self.to_token_ids)
+
 
 class MedusaHeads(DraftHeads):
     """Medusa's heads (Cai et al. 2023): K independent networks, head k guessing token t + 2 + k from the
@@ -233,6 +258,23 @@ class MedusaHeads(DraftHeads):
         depths = tree.depths[1:].to(root.device) - 1  # (N-1,)
         ranks = tree.ranks[1:].to(root.device)
         return torch.cat([root[:, None], candidates[depths, :, ranks].T], dim=1)
+
+    @property
+    def max_dynamic_depth(self) -> int | None:
+        return self.num_heads
+
+    def expander(self, hidden: torch.Tensor, lm_head: nn.Module, embeddings: nn.Module) -> Expander:
+        # Head d's guess does not depend on the path above it: the same candidates under every node of a
+        # depth, only their scores differ.
+        depth = 0
+
+        def expand(tokens: torch.Tensor, parent_slot: torch.Tensor | None) -> torch.Tensor:
+            nonlocal depth
+            logp = torch.log_softmax(self.head(depth, hidden, lm_head).float(), dim=-1)  # (B, V)
+            depth += 1
+            return logp[:, None].expand(-1, tokens.shape[1], -1)
+
+        return expand
 
 
 def _reindex_after_load(module: nn.Module, _incompatible: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import PushToHubMixin
 
+from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
@@ -161,7 +163,11 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         accuracies = self.config.measured_accuracy or typical_accuracies(self.config.num_heads)
         return build_tree(accuracies[: self.config.num_heads], num_nodes)
 
-    def _resolve_tree(self, tree: DraftTree | str | int | list[list[int]] | None) -> DraftTree:
+    def _resolve_tree(
+        self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
+    ) -> DraftTree | DynamicTree:
+        if isinstance(tree, DynamicTree) or tree == "dynamic":
+            return self._check_dynamic_tree(tree if isinstance(tree, DynamicTree) else DynamicTree())
         if tree is None:
             resolved = self.default_tree()
         elif isinstance(tree, int) and not isinstance(tree, bool):
@@ -181,12 +187,28 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             )
         return resolved
 
+    def _check_dynamic_tree(self, tree: DynamicTree) -> DynamicTree:
+        if tree.depth is None:
+            tree = dataclasses.replace(tree, depth=self.heads.num_heads)
+        limit = self.heads.max_dynamic_depth
+        if limit is not None and tree.depth > limit:
+            raise ValueError(
+                f"DynamicTree(depth={tree.depth}) is deeper than the {limit} Medusa heads can draft: pass depth <= "
+                f"{limit} (recurrent heads draft to any depth)."
+            )
+        if tree.top_k > self.heads.head_vocab_size:
+            raise ValueError(
+                f"DynamicTree(top_k={tree.top_k}) asks for more candidates than the heads' "
+                f"{self.heads.head_vocab_size} tokens: use a smaller top_k."
+            )
+        return tree
+
     @torch.no_grad()
     def generate(
         self,
         *args: Any,
         medusa: bool = False,
-        tree: DraftTree | str | int | list[list[int]] | None = None,
+        tree: DraftTree | DynamicTree | str | int | list[list[int]] | None = None,
         medusa_acceptance: str = "exact",
         typical_epsilon: float = 0.09,
         typical_delta: float = 0.3,
@@ -198,7 +220,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             medusa (`bool`): decode with the heads and a verification tree.
             tree: a `DraftTree`, a preset name (`"chain"`, `"small"`, `"medium"`, `"large"`, `"xlarge"`), Medusa
                 choices, or a number of candidate nodes (the best tree of that size for the heads' measured
-                accuracies, see `sized_tree`); default: the config's tree, else `"medium"`.
+                accuracies, see `sized_tree`); default: the config's tree, else `"medium"`. Or a
+                `DynamicTree` (`"dynamic"`: its defaults), grown per row and step from the heads' own
+                probabilities.
             medusa_acceptance (`str`): `"exact"` (lossless: greedy identity, or the target's distribution when
                 sampling) or `"typical"` (Medusa's typical acceptance, **lossy**, sampling only).
             typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.

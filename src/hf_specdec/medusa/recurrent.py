@@ -27,6 +27,7 @@ import functools
 import torch
 from torch import nn
 
+from hf_specdec.dynamic_tree import Expander
 from hf_specdec.medusa.heads import DraftHeads, ResBlock
 from hf_specdec.tree import DraftTree
 
@@ -133,6 +134,22 @@ class RecurrentHeads(DraftHeads):
             top = self.logits(expanded, lm_head).topk(level.top_k, dim=-1).indices  # (B, P, k)
             nodes[:, level.children] = self.to_token_ids(top[:, level.slots, level.ranks])  # (B, C)
         return nodes
+
+    @property
+    def max_dynamic_depth(self) -> int | None:
+        return None  # the same step at every depth: it can draft past the depth it was trained to
+
+    def expander(self, hidden: torch.Tensor, lm_head: nn.Module, embeddings: nn.Module) -> Expander:
+        states = hidden.to(self.dtype)[:, None]  # (B, 1, H): the state before the root, h_t
+
+        def expand(tokens: torch.Tensor, parent_slot: torch.Tensor | None) -> torch.Tensor:
+            nonlocal states
+            if parent_slot is not None:
+                states = states.gather(1, parent_slot[..., None].expand(-1, -1, states.shape[-1]))  # (B, F, H)
+            states = self.step(states, tokens, embeddings)  # each frontier node's own state
+            return torch.log_softmax(self.logits(states, lm_head).float(), dim=-1)
+
+        return expand
 
 
 def _unit_rms(x: torch.Tensor) -> torch.Tensor:

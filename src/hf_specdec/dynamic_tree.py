@@ -1,0 +1,100 @@
+"""Dynamic draft trees: grown at every step from the drafter's own probabilities (after EAGLE-2, Li et al.
+2024).
+
+A static tree spends its nodes where the heads are right *on average*; a dynamic tree spends them where the
+drafter is confident *now*: a long chain through boilerplate, a wide fan where the next word is open. A
+node's score is the drafter's probability of its whole path (the product of its own probabilities along the
+path, a sum of log-probabilities), the drafter's estimate of the chance that verification accepts it.
+
+Growing, depth by depth: every node of the frontier gets its `top_k` likeliest children; the `top_k` best
+scored of those become the next frontier. Then the `num_nodes` best-scored nodes of everything grown form
+the tree. A child's score never exceeds its parent's, and ties go to the node grown first (the parent), so
+the chosen nodes always form a tree. Children of a node are the drafter's top candidates after its path:
+distinct tokens, chosen without looking at the target, so the tree acceptance rules stay exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hf_specdec.row_trees import RowTrees
+
+# expand(tokens (B, F), parent_slot (B, F) or None) -> log-probabilities (B, F, V) of the next token after each
+# frontier node; parent_slot[b, f]: which node of the previous frontier is the parent of frontier node f
+# (None at the first depth, whose frontier is the root).
+Expander = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """A tree grown per row and per step from the drafter's probabilities.
+
+    Args:
+        num_nodes (`int`): drafted nodes verified per step (the root not counted): the verification cost.
+        depth (`int`, *optional*): how deep the tree may grow (the most drafted tokens a step can accept);
+            default: as deep as the heads were trained to draft (`num_heads`). Recurrent heads can draft
+            deeper than that; Medusa heads cannot.
+        top_k (`int`): children per expanded node, and nodes expanded per depth.
+    """
+
+    num_nodes: int = 8
+    depth: int | None = None
+    top_k: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("num_nodes", "depth", "top_k"):
+            value = getattr(self, name)
+            if name == "depth" and value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DynamicTree.{name} must be a positive int, got {value!r}.")
+
+    def grow(
+        self, root: torch.Tensor, expand: Expander, to_token_ids: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[torch.Tensor, RowTrees]:
+        """Grow every row's tree.
+
+        Args:
+            root (`torch.LongTensor` of shape `(batch,)`): the base's next token, the root of every tree.
+            expand (`Expander`): the drafter's next-token log-probabilities after frontier nodes.
+            to_token_ids: maps positions in the drafter's logits to token ids (a draft vocabulary).
+
+        Returns:
+            `(nodes, trees)`: the token of every node `(batch, num_nodes + 1)`, the root first, and the trees.
+        """
+        if self.depth is None:
+            raise ValueError("Give the DynamicTree a depth (generate() sets it to the heads' own depth).")
+        batch, device = root.shape[0], root.device
+        tokens, parents, scores = [root[:, None]], [root.new_full((batch, 1), -1)], [root.new_zeros(batch, 1).float()]
+        frontier = root.new_zeros(batch, 1)  # pool indices of the nodes to expand
+        frontier_tokens, frontier_scores = root[:, None], scores[0]
+        parent_slot: torch.Tensor | None = None
+        size = 1
+        for level in range(self.depth):
+            logp = expand(frontier_tokens, parent_slot).float()  # (B, F, V)
+            k = min(self.top_k, logp.shape[-1])
+            top_logp, top = logp.topk(k, dim=-1)  # (B, F, k), best first
+            child_scores = (frontier_scores[..., None] + top_logp).flatten(1)  # (B, F*k)
+            child_tokens = to_token_ids(top).flatten(1)
+            tokens.append(child_tokens)
+            parents.append(frontier[..., None].expand(-1, -1, k).flatten(1))
+            scores.append(child_scores)
+            if level + 1 < self.depth:
+                best = child_scores.topk(min(self.top_k, child_scores.shape[1]), dim=1).indices  # (B, F')
+                parent_slot = best // k
+                frontier, frontier_tokens = size + best, child_tokens.gather(1, best)
+                frontier_scores = child_scores.gather(1, best)
+            size += child_scores.shape[1]
+        pool_tokens, pool_parents, pool_scores = torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1)
+        # The best-scored nodes; a stable sort puts a parent before a child of equal score.
+        order = torch.sort(pool_scores[:, 1:], dim=1, descending=True, stable=True).indices + 1
+        chosen = order[:, : self.num_nodes].sort(dim=1).values  # (B, n): pool order, so parents come first
+        renumber = torch.zeros(batch, size, dtype=torch.long, device=device)  # pool index -> tree node
+        renumber.scatter_(1, chosen, torch.arange(1, chosen.shape[1] + 1, device=device).expand_as(chosen))
+        tree_parents = renumber.gather(1, pool_parents.gather(1, chosen))
+        nodes = torch.cat([root[:, None], pool_tokens.gather(1, chosen)], dim=1)
+        tree_parents = torch.cat([root.new_full((batch, 1), -1), tree_parents], dim=1)
+        return nodes, RowTrees.from_parents(tree_parents)

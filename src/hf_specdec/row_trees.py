@@ -1,0 +1,110 @@
+"""The draft trees of one verification step, one per row of the batch.
+
+A static [`DraftTree`] is the same for every row and every step; a dynamic tree (see
+[`hf_specdec.dynamic_tree`]) is grown per row from the drafter's own probabilities, so rows verify trees of
+different shapes in the same forward. Verification needs the same facts either way, as batched tensors:
+
+    parents     (B, N)          parent of every node (node 0 is the root, its parent -1)
+    depths      (B, N)          depth of every node; its position id offset from the root
+    ancestors   (B, N, N)       ancestors[b, i, j]: node j is node i or one of its ancestors (the attention mask)
+    paths       (B, N, D+1)     the nodes from the root to every node, padded with -1 after it
+    children    (B, N, C)       every node's children in the order they are tried, padded with -1
+
+Nodes are numbered so that a parent comes before its children, and siblings in the order they are tried
+(the draft's rank order). A static tree's tensors have a batch dimension of one, expanded to the batch
+without copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hf_specdec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class RowTrees:
+    """Per-row tree structure for one step (see the module's docstring for the tensors)."""
+
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ancestors: torch.Tensor
+    paths: torch.Tensor
+    children: torch.Tensor
+
+    @classmethod
+    def from_parents(cls, parents: torch.Tensor) -> RowTrees:
+        """The structure of trees given by their parent pointers.
+
+        Args:
+            parents (`torch.LongTensor` of shape `(batch, nodes)`): `parents[b, 0] == -1` (the root) and every
+                other node's parent has a smaller index; siblings in the order they are to be tried.
+        """
+        batch, n = parents.shape
+        device = parents.device
+        if n == 0 or bool((parents[:, 0] != -1).any()):
+            raise ValueError("Node 0 of every tree is the root, with parent -1.")
+        if n > 1 and bool(((parents[:, 1:] < 0) | (parents[:, 1:] >= torch.arange(1, n, device=device))).any()):
+            raise ValueError("Every node's parent must be a node with a smaller index.")
+        rows = torch.arange(batch, device=device)[:, None]
+        nodes = torch.arange(n, device=device)[None].expand(batch, n)
+        ancestors = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, N, N)
+        depths = torch.zeros(batch, n, dtype=torch.long, device=device)
+        walk = parents.clone()  # every node's ancestor one level further up at each pass
+        while bool((walk >= 0).any()):
+            up = walk >= 0
+            ancestors[rows.expand(batch, n)[up], nodes[up], walk[up]] = True
+            depths += up.long()
+            walk = torch.where(up, parents.gather(1, walk.clamp_min(0)), -1)
+        max_depth = int(depths.max())
+        paths = torch.full((batch, n, max_depth + 1), -1, dtype=torch.long, device=device)
+        for depth in range(max_depth + 1):
+            at_depth = ancestors & (depths[:, None, :] == depth)  # (B, N, N)
+            paths[..., depth] = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)
+        # A node's place among its siblings: how many earlier nodes share its parent.
+        earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)  # (N, N): j < i
+        rank = ((parents[:, :, None] == parents[:, None, :]) & earlier).sum(-1)  # (B, N)
+        width = int(rank[:, 1:].max()) + 1 if n > 1 else 1
+        children = torch.full((batch, n, width), -1, dtype=torch.long, device=device)
+        if n > 1:
+            children[rows.expand(batch, n - 1), parents[:, 1:], rank[:, 1:]] = nodes[:, 1:]
+        return cls(parents, depths, ancestors, paths, children)
+
+    @classmethod
+    def from_tree(cls, tree: DraftTree, device: torch.device | str = "cpu") -> RowTrees:
+        """A static tree's structure, with a batch dimension of one (see [`expand`])."""
+        return cls.from_parents(tree.parents[None].to(device))
+
+    def expand(self, batch: int) -> RowTrees:
+        """The same trees for `batch` rows, as views (for a structure built with one row)."""
+        return RowTrees(*(t.expand(batch, *t.shape[1:]) for t in self._tensors()))
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.parents, self.depths, self.ancestors, self.paths, self.children
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes per row, the root included: the tokens one verification forward feeds per row."""
+        return self.parents.shape[1]
+
+    @property
+    def depth(self) -> int:
+        """The deepest node's depth over all rows (the most drafted tokens a step can accept)."""
+        return self.paths.shape[2] - 1
+
+    @property
+    def row_depths(self) -> torch.Tensor:
+        """`(batch,)` each row's deepest node."""
+        return self.depths.max(dim=1).values
+
+    @property
+    def leaves(self) -> torch.Tensor:
+        """`(batch, nodes)` whether each node has no child."""
+        return self.children[..., 0] < 0
+
+    def path_to(self, node: torch.Tensor) -> torch.Tensor:
+        """`(batch, D+1)` the nodes from the root to `node` `(batch,)`, padded with -1."""
+        paths = self.paths
+        return paths.gather(1, node[:, None, None].expand(-1, 1, paths.shape[2])).squeeze(1)
