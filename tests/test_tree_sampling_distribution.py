@@ -325,7 +325,7 @@ def _target_joint(mode: str) -> torch.Tensor:
 
 
 def _medusa_samples(
-    tree: str, mode: str, seed: int, acceptance: str = "exact", head_type: str = "medusa"
+    tree: str, mode: str, seed: int, acceptance: str = "exact", head_type: str = "medusa", **extra
 ) -> tuple[torch.Tensor, dict]:
     """MAX_NEW tokens for NUM_SAMPLES copies of PROMPT in one batch. Returns the generated tokens and
     `{"summary": stats summary, "accepted": how often each tree node was accepted}`."""
@@ -339,7 +339,8 @@ def _medusa_samples(
         node, num_accepted, next_token = rule(nodes, p, trees, generator)
         path_nodes = trees.path_to(node).cpu()[:, 1:]
         depth = torch.arange(1, trees.depth + 1)[None]
-        accepted.add_(torch.bincount(path_nodes[depth <= num_accepted.cpu()[:, None]], minlength=accepted.numel()))
+        counts = torch.bincount(path_nodes[depth <= num_accepted.cpu()[:, None]], minlength=accepted.numel())
+        accepted.add_(counts[: accepted.numel()])  # nodes grafted by prompt lookup are not counted
         return node, num_accepted, next_token
 
     input_ids = torch.tensor([PROMPT] * NUM_SAMPLES)
@@ -357,6 +358,7 @@ def _medusa_samples(
             generator=torch.Generator().manual_seed(seed),
             return_dict_in_generate=True,
             **sampling,
+            **extra,
         )
     finally:
         medusa_decoding.sample_accept_tree = rule
@@ -382,6 +384,18 @@ def test_medusa_sampling_follows_the_target_distribution(tree: str, mode: str, h
     rate = info["summary"]["acceptance_rate"]
     assert 0.1 < rate < 0.95, info["summary"]
     assert bool((info["accepted"][1:] > 0).all()), info["accepted"]
+    pvalues = _pvalues(samples, _target_joint(mode), CHECKS)
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
+@pytest.mark.parametrize("tree", ["branching", "dynamic"])
+@pytest.mark.parametrize("mode", sorted(SAMPLING))
+def test_prompt_lookup_in_the_tree_keeps_the_target_distribution(tree: str, mode: str) -> None:
+    """Looked-up continuations grafted onto the tree: more candidates per node, some shared with the heads'."""
+    lookup = {"prompt_lookup_num_tokens": 3, "num_assistant_tokens_schedule": "constant"}
+    samples, info = _medusa_samples(tree, mode, seed=2025, head_type="recurrent", **lookup)
+    assert info["summary"]["lookup_steps"] > 0, info["summary"]
+    assert 0.1 < info["summary"]["acceptance_rate"] < 0.95, info["summary"]
     pvalues = _pvalues(samples, _target_joint(mode), CHECKS)
     assert min(pvalues.values()) >= ALPHA, pvalues
 

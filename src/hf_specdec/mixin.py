@@ -20,7 +20,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE, PromptLookupDrafter
 from hf_specdec.validation import check_generation_config, check_models, output_vocab_size
 from hf_specdec.vocab import check_token_ids
 
@@ -30,7 +30,6 @@ DEFAULT_SCHEDULE = "adaptive"
 DEFAULT_CONFIDENCE_THRESHOLD: float | None = None
 # Transformers' default is 2; 3-token matches are right far more often (hf_specdec.lookup), and a row falls
 # back to shorter matches when there is none.
-DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 
 
 class SpeculativeGenerationMixin:

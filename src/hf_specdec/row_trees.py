@@ -9,6 +9,8 @@ different shapes in the same forward. Verification needs the same facts either w
     ancestors   (B, N, N)       ancestors[b, i, j]: node j is node i or one of its ancestors (the attention mask)
     paths       (B, N, D+1)     the nodes from the root to every node, padded with -1 after it
     children    (B, N, C)       every node's children in the order they are tried, padded with -1
+    real        (B, N)          False for padding: rows whose trees have fewer nodes than the widest row
+                                are padded with nodes that no other node sees and that are never accepted
 
 Nodes are numbered so that a parent comes before its children, and siblings in the order they are tried
 (the draft's rank order). A static tree's tensors have a batch dimension of one, expanded to the batch
@@ -33,17 +35,25 @@ class RowTrees:
     ancestors: torch.Tensor
     paths: torch.Tensor
     children: torch.Tensor
+    real: torch.Tensor
 
     @classmethod
-    def from_parents(cls, parents: torch.Tensor) -> RowTrees:
+    def from_parents(cls, parents: torch.Tensor, real: torch.Tensor | None = None) -> RowTrees:
         """The structure of trees given by their parent pointers.
 
         Args:
             parents (`torch.LongTensor` of shape `(batch, nodes)`): `parents[b, 0] == -1` (the root) and every
                 other node's parent has a smaller index; siblings in the order they are to be tried.
+            real (`torch.BoolTensor` of shape `(batch, nodes)`, *optional*): False for padding nodes (children
+                of the root that are never tried); all True by default.
         """
         batch, n = parents.shape
         device = parents.device
+        real = torch.ones(batch, n, dtype=torch.bool, device=device) if real is None else real.to(device)
+        if bool((real[:, 0] == 0).any()) or bool((~real & (parents > 0)).any()):
+            raise ValueError("Padding nodes hang from the root, and the root is real.")
+        if bool((real & ~real.gather(1, parents.clamp_min(0))).any()):
+            raise ValueError("A padding node cannot have children.")
         if n == 0 or bool((parents[:, 0] != -1).any()):
             raise ValueError("Node 0 of every tree is the root, with parent -1.")
         if n > 1 and bool(((parents[:, 1:] < 0) | (parents[:, 1:] >= torch.arange(1, n, device=device))).any()):
@@ -63,14 +73,15 @@ class RowTrees:
         for depth in range(max_depth + 1):
             at_depth = ancestors & (depths[:, None, :] == depth)  # (B, N, N)
             paths[..., depth] = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)
-        # A node's place among its siblings: how many earlier nodes share its parent.
+        # A node's place among its siblings: how many earlier real nodes share its parent.
         earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)  # (N, N): j < i
-        rank = ((parents[:, :, None] == parents[:, None, :]) & earlier).sum(-1)  # (B, N)
-        width = int(rank[:, 1:].max()) + 1 if n > 1 else 1
+        rank = ((parents[:, :, None] == parents[:, None, :]) & earlier & real[:, None, :]).sum(-1)  # (B, N)
+        width = int(rank[:, 1:][real[:, 1:]].max()) + 1 if bool(real[:, 1:].any()) else 1
         children = torch.full((batch, n, width), -1, dtype=torch.long, device=device)
-        if n > 1:
-            children[rows.expand(batch, n - 1), parents[:, 1:], rank[:, 1:]] = nodes[:, 1:]
-        return cls(parents, depths, ancestors, paths, children)
+        listed = real.clone()
+        listed[:, 0] = False  # (B, N) nodes that are someone's child
+        children[rows.expand(batch, n)[listed], parents[listed], rank[listed]] = nodes[listed]
+        return cls(parents, depths, ancestors, paths, children, real)
 
     @classmethod
     def from_tree(cls, tree: DraftTree, device: torch.device | str = "cpu") -> RowTrees:
@@ -82,7 +93,7 @@ class RowTrees:
         return RowTrees(*(t.expand(batch, *t.shape[1:]) for t in self._tensors()))
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.parents, self.depths, self.ancestors, self.paths, self.children
+        return self.parents, self.depths, self.ancestors, self.paths, self.children, self.real
 
     @property
     def num_nodes(self) -> int:
@@ -101,8 +112,8 @@ class RowTrees:
 
     @property
     def leaves(self) -> torch.Tensor:
-        """`(batch, nodes)` whether each node has no child."""
-        return self.children[..., 0] < 0
+        """`(batch, nodes)` whether each node is a real node without children."""
+        return (self.children[..., 0] < 0) & self.real
 
     def path_to(self, node: torch.Tensor) -> torch.Tensor:
         """`(batch, D+1)` the nodes from the root to `node` `(batch,)`, padded with -1."""

@@ -27,7 +27,7 @@ from hf_specdec.row_trees import RowTrees
 def _deepest_accepted(right: torch.Tensor, trees: RowTrees) -> tuple[torch.Tensor, torch.Tensor]:
     """From whether each node is right given its parent `(B, N)` (the root counts as right): the deepest
     node whose every ancestor is right, and its depth. Ties go to the lowest node index."""
-    right = right.clone()
+    right = right & trees.real  # padding is never accepted
     right[:, 0] = True
     on_right_path = ~(trees.ancestors & ~right[:, None, :]).any(dim=-1)  # (B, N)
     depth = torch.where(on_right_path, trees.depths, -1)

@@ -70,6 +70,13 @@ METHODS: dict[str, Method] = {
         Method("medusa-dyn8", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8)}),
         Method("medusa-dyn12", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=12)}),
         Method("medusa-dyn8-d6", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8, depth=6)}),
+        # The heads' tree with each row's prompt-lookup continuation grafted on (up to 10 tokens).
+        Method("medusa-8-lookup", "medusa", {"medusa": True, "tree": 8, "prompt_lookup_num_tokens": 10}),
+        Method(
+            "medusa-dyn8-lookup",
+            "medusa",
+            {"medusa": True, "tree": DynamicTree(num_nodes=8), "prompt_lookup_num_tokens": 10},
+        ),
         Method(
             "specdec-k4",
             "specdec",

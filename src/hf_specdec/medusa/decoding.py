@@ -14,8 +14,10 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.decoding import choose_token, finish, prompt_positions, reject_model_kwargs, stream, synchronize
+from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.kv_cache import CachedSequence
+from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
@@ -24,6 +26,7 @@ from hf_specdec.row_trees import RowTrees
 from hf_specdec.sequences import TokenBuffer
 from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
+from hf_specdec.tree_lookup import graft_chains
 
 ACCEPTANCE = ("exact", "typical")
 
@@ -70,6 +73,7 @@ def medusa_decode(
     acceptance: str = "exact",
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
+    prompt_lookup: PromptLookupDrafter | None = None,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
@@ -85,6 +89,9 @@ def medusa_decode(
             grown per row and step from the heads' probabilities.
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
+        prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
+            its tree (`hf_specdec.tree_lookup`), as long as the measured acceptance of its matches pays for
+            verifying it.
         streamer, generator: as for [`speculative_decode`].
 
     Returns:
@@ -99,7 +106,8 @@ def medusa_decode(
     input_ids = input_ids.to(device)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     processors = RaggedLogitsProcessor(logits_processor)
-    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=tree.depth + 1)
+    longest = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
+    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=longest + 1)
     static = RowTrees.from_tree(tree, device) if isinstance(tree, DraftTree) else None
     stats = SpeculativeStats.zeros(input_ids.shape[0])
 
@@ -107,6 +115,10 @@ def medusa_decode(
     target = CachedSequence(model, input_ids.shape[0], device)
     structure = chain_structure(input_ids.shape[1], device)
     out = target.forward(input_ids, valid, positions, structure, logits_to_keep=1, output_hidden_states=True)
+    if prompt_lookup is not None:
+        prompt_lookup.prefill(input_ids, valid, positions)
+        # Measures what verifying one more token costs, which decides how far a match is worth grafting.
+        policy = DraftLengthPolicy(num_tokens=prompt_lookup.num_tokens, schedule="constant", cost_ratio=0.0)
     scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, out.logits[:, -1:].float())
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     hidden = out.hidden_states[-1][:, -1:]  # (B, 1, H) the state the heads read
@@ -122,6 +134,8 @@ def medusa_decode(
         if keep.numel() < finished.numel():
             target.select_rows(keep)
             next_position, last_token, hidden = next_position[keep], last_token[keep], hidden[keep]
+            if prompt_lookup is not None:
+                prompt_lookup.select_rows(keep)
         started = time.perf_counter()
         # Draft: the heads' top candidates fill the tree (the same tree every step, or grown per row).
         if static is not None:
@@ -129,12 +143,16 @@ def medusa_decode(
             trees = static.expand(nodes.shape[0])
         else:
             nodes, trees = heads.dynamic_candidates(hidden[:, -1], last_token, tree, lm_head, embeddings)
+        if prompt_lookup is not None:
+            budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
+            proposal = prompt_lookup.propose(buffer, next_position, policy, max_tokens=budget)
+            nodes, trees = graft_chains(nodes, trees, proposal.tokens, proposal.lengths)
+            stats.lookup_steps += int(bool((proposal.lengths > 0).any()))
         synchronize(device)
         drafted = time.perf_counter()
         # Verify: one forward over the whole tree under its ancestor mask.
         node_positions = (next_position[:, None] - 1 + trees.depths).clamp_max(buffer.max_length - 1)
-        every = torch.ones_like(nodes, dtype=torch.bool)
-        out = target.forward(nodes, every, node_positions, trees.ancestors, output_hidden_states=True)
+        out = target.forward(nodes, trees.real, node_positions, trees.ancestors, output_hidden_states=True)
         scores = tree_scores(processors, buffer, nodes, out.logits.float(), trees)  # (A, N, V)
         # Accept: the deepest node with a right path.
         if not do_sample:
@@ -155,6 +173,8 @@ def medusa_decode(
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, None)
         stream(streamer, new_tokens, emitted)
+        if prompt_lookup is not None:
+            prompt_lookup.observe(new_tokens, emitted)
         target.keep_nodes(trees.num_nodes, path_nodes, num_accepted + 1)
         target.maybe_compact()
         states = out.hidden_states[-1]  # (A, N, H)
@@ -163,6 +183,9 @@ def medusa_decode(
         last_token = next_token
         synchronize(device)
         verified = time.perf_counter()
+        if prompt_lookup is not None:
+            rows, width = nodes.shape
+            policy.observe_costs(drafted - started, 0, verified - drafted, rows=rows, verified_per_row=width)
         stats.record_step(buffer.active, trees.row_depths, num_accepted, emitted)
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted

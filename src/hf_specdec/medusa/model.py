@@ -10,10 +10,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from transformers.utils import PushToHubMixin
 
 from hf_specdec.dynamic_tree import DynamicTree
+from hf_specdec.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE, PromptLookupDrafter
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
@@ -226,6 +227,10 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             medusa_acceptance (`str`): `"exact"` (lossless: greedy identity, or the target's distribution when
                 sampling) or `"typical"` (Medusa's typical acceptance, **lossy**, sampling only).
             typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
+            prompt_lookup_num_tokens (`int`, in `kwargs` or the generation config): also verify, in the same
+                tree, up to this many tokens per row found by prompt lookup (`max_matching_ngram_size`: the
+                longest n-gram matched, default 3); each row grafts as much of its match as the measured
+                acceptance of matches of that size pays for.
         """
         if not medusa:
             if tree is not None or medusa_acceptance != "exact":
@@ -241,6 +246,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             (generation_config or self.base.generation_config).to_dict()
         )
         rest = config.update(**kwargs)
+        prompt_lookup = _prompt_lookup(config)
         check_generation_config(config, path="`medusa=True`")
         if medusa_acceptance == "typical" and not config.do_sample:
             raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
@@ -251,6 +257,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             acceptance=medusa_acceptance,
             typical_epsilon=typical_epsilon,
             typical_delta=typical_delta,
+            prompt_lookup=prompt_lookup,
             streamer=rest.get("streamer"),
         )
         return self.base.generate(*args, generation_config=config, custom_generate=decode, **rest)
@@ -359,3 +366,29 @@ def _model_card(config: MedusaConfig) -> str:
         "",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _prompt_lookup(config: GenerationConfig) -> PromptLookupDrafter | None:
+    """The prompt lookup a generation config asks for (taking its settings out of the config), or `None`.
+
+    `num_assistant_tokens_schedule`: `"adaptive"` (default: each row grafts as far as the measured acceptance
+    of its match size pays for) or `"constant"` (always the whole match, up to `prompt_lookup_num_tokens`).
+    """
+    num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
+    schedule = config.num_assistant_tokens_schedule
+    config.prompt_lookup_num_tokens = config.max_matching_ngram_size = config.num_assistant_tokens_schedule = None
+    if num_tokens is None:
+        for name, value in (("max_matching_ngram_size", ngram_size), ("num_assistant_tokens_schedule", schedule)):
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` tunes prompt lookup, which `medusa=True` runs only with `prompt_lookup_num_tokens`: "
+                    "pass it too, or drop the setting."
+                )
+        return None
+    if schedule not in (None, "adaptive", "constant"):
+        raise ValueError(
+            f"num_assistant_tokens_schedule={schedule!r}: prompt lookup in a tree takes 'adaptive' (default) or "
+            "'constant'."
+        )
+    ngram_size = DEFAULT_MAX_MATCHING_NGRAM_SIZE if ngram_size is None else ngram_size
+    return PromptLookupDrafter(num_tokens, ngram_size, adaptive=schedule != "constant")

@@ -1,0 +1,113 @@
+"""Prompt lookup inside a Medusa tree (`generate(medusa=True, prompt_lookup_num_tokens=k)`): grafting by hand,
+padding, greedy identity with both kinds of heads and both kinds of trees, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec.row_trees import RowTrees
+from hf_specdec.tree import DraftTree
+from hf_specdec.tree_acceptance import greedy_accept_tree
+from hf_specdec.tree_lookup import graft_chains
+from tests.test_medusa import _generate
+from tests.test_recurrent_heads import _recurrent
+from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
+
+
+def test_graft_by_hand() -> None:
+    tree = DraftTree([[0], [1], [0, 0]])  # nodes: root, (0), (1), (0,0)
+    trees = RowTrees.from_tree(tree).expand(3)
+    nodes = torch.tensor([[9, 4, 5, 6], [9, 4, 5, 6], [9, 4, 5, 6]])
+    chains = torch.tensor([[4, 7, 8], [5, 0, 0], [1, 2, 3]])
+    lengths = torch.tensor([3, 1, 0])
+    grafted, out = graft_chains(nodes, trees, chains, lengths)
+    # Row 0 shares node 1 (token 4), then branches off: 7 under node 1 beside node 3, and 8 under 7.
+    assert grafted[0].tolist() == [9, 4, 5, 6, 7, 8]
+    assert out.parents[0].tolist() == [-1, 0, 0, 1, 1, 4]
+    assert out.children[0, 1].tolist()[:2] == [3, 4]  # the heads' own child is tried first
+    assert out.real[0].all()
+    # Row 1's whole chain is already in the tree; row 2 looks nothing up: both are padded to 6 nodes.
+    assert out.parents[1].tolist() == [-1, 0, 0, 1, 0, 0] and out.real[1].tolist() == [True] * 4 + [False] * 2
+    assert out.parents[2].tolist() == [-1, 0, 0, 1, 0, 0] and out.real[2].tolist() == [True] * 4 + [False] * 2
+    assert out.children[1, 0].tolist()[:2] == [1, 2] and (out.children[1, 0, 2:] == -1).all()
+    # Padding is never accepted, even where its token is what the target wants.
+    predicted = torch.tensor([[4, 7, 0, 0, 8, 0], [9, 0, 0, 0, 0, 0], [9, 0, 0, 0, 0, 0]])
+    node, num_accepted, _ = greedy_accept_tree(grafted, torch.nn.functional.one_hot(predicted, 10).float(), out)
+    assert node.tolist() == [5, 0, 0] and num_accepted.tolist() == [3, 0, 0]
+
+
+def test_nothing_to_graft_keeps_the_tree() -> None:
+    trees = RowTrees.from_tree(DraftTree([[0], [1]])).expand(2)
+    nodes = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    same, out = graft_chains(nodes, trees, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    assert same is nodes and out is trees
+
+
+def _model(arch: str, head_type: str) -> MedusaForCausalLM:
+    if head_type == "recurrent":
+        return _recurrent(arch, share_lm_head=arch != "gpt2")
+    base = tiny_model(arch, seed=0, sharpen=4.0)
+    return MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, share_lm_head=arch != "gpt2"))
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent"])
+def test_lookup_in_the_tree_keeps_plain_greedy(arch: str, batch: int, head_type: str) -> None:
+    model = _model(arch, head_type)
+    ids, mask = ragged_batch(batch, seed=batch)
+    plain = _generate(model.base, ids, mask)
+    for tree in ("small", DynamicTree(num_nodes=6, top_k=3)):
+        out = _generate(
+            model,
+            ids,
+            mask,
+            medusa=True,
+            tree=tree,
+            prompt_lookup_num_tokens=5,
+            num_assistant_tokens_schedule="constant",
+            return_dict_in_generate=True,
+        )
+        assert torch.equal(out.sequences, plain)
+        # Greedy tiny random models fall into loops, which lookup finds.
+        assert out.speculative.lookup_steps > 0
+
+
+@pytest.mark.parametrize(
+    "processing", [{"repetition_penalty": 1.5}, {"min_new_tokens": 12, "eos_token_id": 5}, {"no_repeat_ngram_size": 2}]
+)
+def test_lookup_in_the_tree_with_prefix_reading_processors(processing: dict) -> None:
+    model = _recurrent("llama", share_lm_head=False)
+    ids, mask = ragged_batch(3, seed=2)
+    plain = _generate(model.base, ids, mask, **processing)
+    out = _generate(model, ids, mask, medusa=True, tree="small", prompt_lookup_num_tokens=4, **processing)
+    assert torch.equal(out, plain)
+
+
+def test_lookup_raises_tau_where_the_output_repeats() -> None:
+    """Greedy tiny random models fall into loops: lookup drafts them where fresh heads cannot."""
+    model = _model("llama", "medusa")
+    ids, mask = ragged_batch(1, seed=3)
+    plain = _generate(model.base, ids, mask)
+    kwargs = {"medusa": True, "tree": "chain", "return_dict_in_generate": True}
+    without = _generate(model, ids, mask, **kwargs)
+    out = _generate(model, ids, mask, prompt_lookup_num_tokens=8, num_assistant_tokens_schedule="constant", **kwargs)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.summary()["tau"] > without.speculative.summary()["tau"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_matching_ngram_size": 2}, "prompt_lookup_num_tokens"),
+        ({"num_assistant_tokens_schedule": "constant"}, "prompt_lookup_num_tokens"),
+        ({"prompt_lookup_num_tokens": 0}, "positive integer"),
+        ({"prompt_lookup_num_tokens": 4, "num_assistant_tokens_schedule": "heuristic"}, "adaptive"),
+    ],
+)
+def test_lookup_settings_errors(kwargs: dict, message: str) -> None:
+    model = _model("llama", "medusa")
+    with pytest.raises(ValueError, match=message):
+        model.generate(torch.tensor([[1, 2, 3]]), medusa=True, max_new_tokens=4, **kwargs)
