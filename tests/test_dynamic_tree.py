@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,10 +49,24 @@ def test_row_trees_of_a_static_tree_match_its_buffers(name: str) -> None:
     assert torch.equal(trees.paths[0, leaves], tree.paths)
 
 
-@pytest.mark.parametrize("parents", [[[0, 0]], [[-1, 1]], [[-1, 0, 3, 1]]])
-def test_row_trees_refuse_parents_out_of_order(parents: list[list[int]]) -> None:
-    with pytest.raises(ValueError, match=r"root|smaller index"):
-        RowTrees.from_parents(torch.tensor(parents))
+@pytest.mark.parametrize(
+    ("parents", "real", "message"),
+    [
+        ([[0, 0]], None, "root, with parent -1"),
+        ([[-1, 1]], None, "smaller index"),
+        ([[-1, 0, 3, 1]], None, "smaller index"),
+        ([[-1, 5]], None, "smaller index"),
+        ([[]], None, "root first"),
+        ([[-1, 0, 1]], [[True, True, False]], "hang from the root"),
+        ([[-1, 0, 1]], [[True, False, True]], "cannot have children"),
+        ([[-1, 0, 0]], [[False, True, True]], "root is real"),
+    ],
+)
+def test_row_trees_refuse_bad_structure(parents: list, real: list | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RowTrees.from_parents(
+            torch.tensor(parents, dtype=torch.long), None if real is None else torch.tensor(real, dtype=torch.bool)
+        )
 
 
 def test_greedy_acceptance_with_a_different_tree_per_row() -> None:
@@ -216,8 +231,13 @@ def test_dynamic_tree_errors() -> None:
     for bad in ({"num_nodes": 0}, {"depth": -1}, {"top_k": 2.5}, {"top_k": True}):
         with pytest.raises(ValueError, match="positive int"):
             DynamicTree(**bad)
+    with pytest.raises(ValueError, match="can grow at most 4 nodes"):
+        DynamicTree(num_nodes=5, depth=1, top_k=4)
     with pytest.raises(ValueError, match="medusa=True"):
         model.generate(ids, tree=DynamicTree(), max_new_tokens=4)
+    with pytest.raises(ValueError, match="'dynamic'"):
+        model.generate(ids, medusa=True, tree="dynamc", max_new_tokens=4)
+    assert DynamicTree(num_nodes=np.int64(8), depth=np.int32(3)) == DynamicTree(8, 3)
 
 
 def test_the_dynamic_preset_name() -> None:

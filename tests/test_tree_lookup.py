@@ -98,6 +98,24 @@ def test_lookup_raises_tau_where_the_output_repeats() -> None:
     assert out.speculative.summary()["tau"] > without.speculative.summary()["tau"]
 
 
+def test_rows_that_stop_early_leave_the_batch() -> None:
+    """Row 1 meets EOS (id 82) long before the others: it retires while the others go on with their own trees."""
+    model = _recurrent("llama", share_lm_head=False)
+    ids, mask = ragged_batch(3, seed=2)
+    plain = _generate(model.base, ids, mask, eos_token_id=82)
+    assert bool((plain[:, ids.shape[1] :] == 82).any())
+    for tree in ("small", DynamicTree(num_nodes=6, top_k=3)):
+        for lookup in ({}, {"prompt_lookup_num_tokens": 4}):
+            out = _generate(model, ids, mask, medusa=True, tree=tree, eos_token_id=82, **lookup)
+            assert torch.equal(out, plain)
+
+
+def test_graft_refuses_padded_trees() -> None:
+    trees = RowTrees.from_parents(torch.tensor([[-1, 0, 0]]), torch.tensor([[True, True, False]]))
+    with pytest.raises(ValueError, match="without padding"):
+        graft_chains(torch.tensor([[1, 2, 3]]), trees, torch.tensor([[4]]), torch.tensor([1]))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -15,6 +15,7 @@ distinct tokens, chosen without looking at the target, so the tree acceptance ru
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +34,8 @@ class DynamicTree:
     """A tree grown per row and per step from the drafter's probabilities.
 
     Args:
-        num_nodes (`int`): drafted nodes verified per step (the root not counted): the verification cost.
+        num_nodes (`int`): drafted nodes verified per step, the root not counted (unlike `DraftTree.num_nodes`,
+            which counts it): the verification cost. At most `max_nodes`, what `depth` and `top_k` can grow.
         depth (`int`, *optional*): how deep the tree may grow (the most drafted tokens a step can accept);
             default: as deep as the heads were trained to draft (`num_heads`). Recurrent heads can draft
             deeper than that; Medusa heads cannot.
@@ -49,8 +51,21 @@ class DynamicTree:
             value = getattr(self, name)
             if name == "depth" and value is None:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DynamicTree.{name} must be a positive int, got {value!r}.")
+            object.__setattr__(self, name, int(value))
+        if self.depth is not None and self.num_nodes > self.max_nodes:
+            raise ValueError(
+                f"DynamicTree(num_nodes={self.num_nodes}, depth={self.depth}, top_k={self.top_k}) can grow at most "
+                f"{self.max_nodes} nodes: lower num_nodes, or raise depth or top_k."
+            )
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes growing can produce: `top_k` at the first depth, `top_k ** 2` at each further one."""
+        if self.depth is None:
+            raise ValueError("A DynamicTree without a depth has no size limit yet.")
+        return self.top_k + (self.depth - 1) * self.top_k**2
 
     def grow(
         self, root: torch.Tensor, expand: Expander, to_token_ids: Callable[[torch.Tensor], torch.Tensor]

@@ -32,7 +32,9 @@ from hf_specdec.sequences import TokenBuffer
 # Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
 # last entry); from the replay described above.
 PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.8}
-DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3  # `max_matching_ngram_size` when only `prompt_lookup_num_tokens` is given
+# `max_matching_ngram_size` by default. Transformers' is 2; 3-token matches are right far more often (see the
+# module's docstring), and a row falls back to shorter matches when there is none.
+DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 
 
 def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: int) -> tuple[torch.Tensor, int]:

@@ -28,8 +28,6 @@ from hf_specdec.vocab import check_token_ids
 DEFAULT_NUM_ASSISTANT_TOKENS = 8
 DEFAULT_SCHEDULE = "adaptive"
 DEFAULT_CONFIDENCE_THRESHOLD: float | None = None
-# Transformers' default is 2; 3-token matches are right far more often (hf_specdec.lookup), and a row falls
-# back to shorter matches when there is none.
 
 
 class SpeculativeGenerationMixin:

@@ -23,7 +23,8 @@ class SpeculativeStats:
             and accepted, summed over rows and steps; their ratio is the acceptance rate by draft position.
         draft_seconds / verify_seconds: time spent drafting and verifying.
         lookup_steps: steps drafted by prompt lookup (with both a draft model and prompt lookup, the others
-            were drafted by the model).
+            were drafted by the model; with Medusa heads, steps in which some row's tree had a looked-up
+            continuation grafted on).
     """
 
     target_forwards: torch.Tensor

@@ -13,8 +13,8 @@ different shapes in the same forward. Verification needs the same facts either w
                                 are padded with nodes that no other node sees and that are never accepted
 
 Nodes are numbered so that a parent comes before its children, and siblings in the order they are tried
-(the draft's rank order). A static tree's tensors have a batch dimension of one, expanded to the batch
-without copies.
+(the heads' rank order; prompt lookup's grafted nodes after the heads' own). A static tree's tensors have a
+batch dimension of one, expanded to the batch without copies.
 """
 
 from __future__ import annotations
@@ -47,17 +47,19 @@ class RowTrees:
             real (`torch.BoolTensor` of shape `(batch, nodes)`, *optional*): False for padding nodes (children
                 of the root that are never tried); all True by default.
         """
+        if parents.dim() != 2 or parents.shape[1] == 0:
+            raise ValueError(f"Parents form a (batch, nodes) tensor, root first; got shape {tuple(parents.shape)}.")
         batch, n = parents.shape
         device = parents.device
-        real = torch.ones(batch, n, dtype=torch.bool, device=device) if real is None else real.to(device)
-        if bool((real[:, 0] == 0).any()) or bool((~real & (parents > 0)).any()):
-            raise ValueError("Padding nodes hang from the root, and the root is real.")
-        if bool((real & ~real.gather(1, parents.clamp_min(0))).any()):
-            raise ValueError("A padding node cannot have children.")
-        if n == 0 or bool((parents[:, 0] != -1).any()):
+        if bool((parents[:, 0] != -1).any()):
             raise ValueError("Node 0 of every tree is the root, with parent -1.")
         if n > 1 and bool(((parents[:, 1:] < 0) | (parents[:, 1:] >= torch.arange(1, n, device=device))).any()):
             raise ValueError("Every node's parent must be a node with a smaller index.")
+        real = torch.ones(batch, n, dtype=torch.bool, device=device) if real is None else real.to(device)
+        if not bool(real[:, 0].all()) or bool((~real & (parents > 0)).any()):
+            raise ValueError("Padding nodes hang from the root, and the root is real.")
+        if bool((real & ~real.gather(1, parents.clamp_min(0))).any()):
+            raise ValueError("A padding node cannot have children.")
         rows = torch.arange(batch, device=device)[:, None]
         nodes = torch.arange(n, device=device)[None].expand(batch, n)
         ancestors = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, N, N)

@@ -8,8 +8,9 @@ accepted node, how many drafted nodes lead to it, and the step's own token.
 
 - `greedy_accept_tree`: a child is right when it is the target's argmax at its parent; the deepest node
   whose whole path is right wins (token-identical to plain greedy decoding).
-- `sample_accept_tree`: lossless sampling for deterministic candidates (each node's children are the
-  draft's top-ranked tokens, a point mass each). At a node, children are tried in order: child c is
+- `sample_accept_tree`: lossless sampling for deterministic candidates (each node's children are distinct
+  tokens chosen from the committed context alone: the heads' top-ranked ones, prompt lookup's; a point mass
+  each). At a node, children are tried in order: child c is
   accepted with probability p(c); when it is rejected, c's probability is set to zero and p renormalised
   before the next child (the residual max(0, p - q) of a point mass q). If none is accepted, the step's
   token is drawn from what is left of p. The emitted tokens follow the target's distribution exactly.

@@ -66,10 +66,9 @@ METHODS: dict[str, Method] = {
         Method("medusa", "medusa", {"medusa": True}),
         Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
         Method("medusa-8", "medusa", {"medusa": True, "tree": 8}),
-        # Trees grown per step from the heads' own probabilities (8 or 12 nodes, as deep as the heads; or 6).
+        # Trees grown per step from the heads' own probabilities (8 or 12 nodes, as deep as the heads).
         Method("medusa-dyn8", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8)}),
         Method("medusa-dyn12", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=12)}),
-        Method("medusa-dyn8-d6", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8, depth=6)}),
         # The heads' tree with each row's prompt-lookup continuation grafted on (up to 10 tokens).
         Method("medusa-8-lookup", "medusa", {"medusa": True, "tree": 8, "prompt_lookup_num_tokens": 10}),
         Method(

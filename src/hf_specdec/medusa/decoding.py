@@ -1,4 +1,5 @@
-"""Medusa decoding: candidates from the heads, one tree forward, accept the longest right path, commit.
+"""Medusa decoding: candidates from the heads (a static or a dynamic tree, with prompt lookup's continuation
+grafted on when asked), one tree forward, accept the deepest node whose path is right, commit its path.
 
 Handed to transformers' `generate()` as its decoding method (like [`speculative_decode`]), so generation
 configs, processors, stopping criteria and streamers work as in plain decoding.
@@ -41,21 +42,24 @@ def tree_scores(
     """Processed scores `(batch, nodes, vocab)` after every tree node, each with its own prefix.
 
     A node's prefix is the row's committed tokens and the drafted tokens on its path. Processors that only
-    read the scores run once over all nodes; the others run path by path (to every node that is a leaf in
-    some row), with the path's tokens written after the committed ones (a node shared by several paths gets
-    the same scores from each).
+    read the scores run once over all nodes; the others run path by path (pass k: every row's k-th leaf),
+    with the path's tokens written after the committed ones (a node shared by several paths gets the same
+    scores from each).
     """
     if processors.prefix_free:
         return processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)
-    scores = torch.empty_like(logits)
-    rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]
-    for leaf in trees.leaves.any(dim=0).nonzero().flatten().tolist():
-        path = trees.paths[:, leaf]  # (B, D+1), root first, -1 after the node
-        on_path = path >= 0
+    scores = torch.zeros_like(logits)  # padding nodes keep zeros: nothing reads them
+    rows = torch.arange(nodes.shape[0], device=nodes.device)
+    leaves = trees.leaves  # (B, N)
+    count = leaves.sum(dim=1)  # (B,)
+    order = torch.sort((~leaves).to(torch.int8), dim=1, stable=True).indices  # (B, N): each row's leaves first
+    for k in range(int(count.max())):
+        leaf = torch.where(k < count, order[:, k], order[:, 0])  # (B,) the row's k-th leaf (or its first again)
+        path = trees.paths[rows, leaf]  # (B, D+1), root first, -1 after the leaf
         path_nodes = path.clamp_min(0)
         buffer.write(0, nodes.gather(1, path_nodes[:, 1:]))  # uncommitted: the prefix of the path's later nodes
-        processed = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits[rows, path_nodes])
-        b, d = on_path.nonzero(as_tuple=True)
+        processed = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits[rows[:, None], path_nodes])
+        b, d = (path >= 0).nonzero(as_tuple=True)
         scores[b, path[b, d]] = processed[b, d]
     return scores
 

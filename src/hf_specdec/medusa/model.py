@@ -20,7 +20,7 @@ from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
 from hf_specdec.medusa.recurrent import RecurrentHeads
-from hf_specdec.tree import DraftTree, build_tree, preset_tree, typical_accuracies
+from hf_specdec.tree import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 from hf_specdec.validation import check_generation_config, output_vocab_size
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
@@ -176,6 +176,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         elif isinstance(tree, DraftTree):
             resolved = tree
         elif isinstance(tree, str):
+            if tree != "chain" and tree not in PRESET_SIZES:
+                raise ValueError(f"Unknown tree preset {tree!r}; choose from {['chain', *PRESET_SIZES, 'dynamic']}.")
             resolved = preset_tree(tree, self.config.num_heads)
         else:
             resolved = DraftTree(tree)
@@ -229,8 +231,10 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
             prompt_lookup_num_tokens (`int`, in `kwargs` or the generation config): also verify, in the same
                 tree, up to this many tokens per row found by prompt lookup (`max_matching_ngram_size`: the
-                longest n-gram matched, default 3); each row grafts as much of its match as the measured
-                acceptance of matches of that size pays for.
+                longest n-gram matched, default 3); with `num_assistant_tokens_schedule="adaptive"` (default)
+                each row grafts as much of its match as the measured acceptance of matches of that size pays
+                for (measured timings decide, so seeded sampling may draw differently from run to run; the
+                distribution stays exact), with `"constant"` the whole match.
         """
         if not medusa:
             if tree is not None or medusa_acceptance != "exact":
@@ -246,7 +250,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             (generation_config or self.base.generation_config).to_dict()
         )
         rest = config.update(**kwargs)
-        prompt_lookup = _prompt_lookup(config)
+        passed = set(kwargs) | (set(generation_config.to_diff_dict()) if generation_config is not None else set())
+        prompt_lookup = _prompt_lookup(config, passed)
         check_generation_config(config, path="`medusa=True`")
         if medusa_acceptance == "typical" and not config.do_sample:
             raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
@@ -368,8 +373,10 @@ def _model_card(config: MedusaConfig) -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
-def _prompt_lookup(config: GenerationConfig) -> PromptLookupDrafter | None:
+def _prompt_lookup(config: GenerationConfig, passed: set[str]) -> PromptLookupDrafter | None:
     """The prompt lookup a generation config asks for (taking its settings out of the config), or `None`.
+    `passed`: the settings the user gave (lookup settings without `prompt_lookup_num_tokens` are refused
+    there; in the model's own generation config they have nothing to tune and are dropped).
 
     `num_assistant_tokens_schedule`: `"adaptive"` (default: each row grafts as far as the measured acceptance
     of its match size pays for) or `"constant"` (always the whole match, up to `prompt_lookup_num_tokens`).
@@ -379,7 +386,7 @@ def _prompt_lookup(config: GenerationConfig) -> PromptLookupDrafter | None:
     config.prompt_lookup_num_tokens = config.max_matching_ngram_size = config.num_assistant_tokens_schedule = None
     if num_tokens is None:
         for name, value in (("max_matching_ngram_size", ngram_size), ("num_assistant_tokens_schedule", schedule)):
-            if value is not None:
+            if value is not None and name in passed:
                 raise ValueError(
                     f"`{name}` tunes prompt lookup, which `medusa=True` runs only with `prompt_lookup_num_tokens`: "
                     "pass it too, or drop the setting."
