@@ -59,7 +59,8 @@ def test_smollm2_greedy_is_token_identical(smollm2, batch: int) -> None:
 
 def test_smollm2_recurrent_heads_made_right_keep_identity(smollm2) -> None:
     """Recurrent heads (over a small draft vocabulary) fitted to SmolLM2's own greedy replies accept long paths
-    on the real model, batch 3, and the output stays plain greedy's, token for token."""
+    on the real model, batch 3, and the output stays plain greedy's, token for token, with static and dynamic
+    trees, with and without prompt lookup."""
     target, _, tokenizer = smollm2
     inputs = _chat(tokenizer, PROMPTS)
     plain = target.generate(**inputs, max_new_tokens=24, do_sample=False)
@@ -82,3 +83,7 @@ def test_smollm2_recurrent_heads_made_right_keep_identity(smollm2) -> None:
     )
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["tau"] > 1.5
+    # The same heads growing a tree per row and step, and with prompt lookup grafted on: still plain greedy.
+    grown = {"tree": hf_specdec.DynamicTree(num_nodes=8, depth=4)}
+    for extra in (grown, {**grown, "prompt_lookup_num_tokens": 8}, {"tree": "small", "prompt_lookup_num_tokens": 8}):
+        assert torch.equal(model.generate(**inputs, max_new_tokens=24, do_sample=False, medusa=True, **extra), plain)
