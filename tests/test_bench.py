@@ -10,7 +10,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
-from hf_specdec.bench import METHODS, Prompt, load_prompts, run_benchmark
+from hf_specdec.bench import METHODS, Prompt, load_prompts, method_by_name, run_benchmark
 from hf_specdec.bench.cost_curve import verify_cost_curve
 from hf_specdec.bench.report import format_table, write_outputs
 from tests.tiny_models import PAD, VOCAB, tiny_model, tiny_target
@@ -85,6 +85,24 @@ def test_medusa_method_runs_beside_the_others() -> None:
     summary = result.summary()
     assert summary["medusa"]["identical_to_plain"] == "2/2"
     assert "needs a draft" in result.skipped["specdec"]
+
+
+def test_medusa_tree_methods_by_size_run_and_keep_identity() -> None:
+    from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+
+    assert method_by_name("medusa-5-lookup").kwargs == {"medusa": True, "tree": 5, "prompt_lookup_num_tokens": 10}
+    assert method_by_name("medusa-dyn12").kwargs["tree"] == DynamicTree(num_nodes=12)
+    for bad in ("medusa-0", "medusa-x", "medusa-8-lookups", "nonsense"):
+        with pytest.raises(ValueError, match="Unknown method"):
+            method_by_name(bad)
+    target = tiny_target("llama")
+    medusa = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2, head_type="recurrent"))
+    names = ["plain", "medusa-3", "medusa-3-lookup", "medusa-dyn4", "medusa-dyn4-lookup"]
+    methods = [method_by_name(name) for name in names]
+    result = run_benchmark(target, _tokenizer(), PROMPTS, methods, draft=None, max_new_tokens=10, medusa=medusa)
+    summary = result.summary()
+    for name in names[1:]:
+        assert summary[name]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}", (name, summary[name])
 
 
 @pytest.mark.parametrize("batch_size", [1, 2])

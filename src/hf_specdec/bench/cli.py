@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.bench.cost_curve import verify_cost_curve
-from hf_specdec.bench.methods import METHODS
+from hf_specdec.bench.methods import METHODS, method_by_name
 from hf_specdec.bench.prompts import CATEGORIES, load_prompts
 from hf_specdec.bench.report import format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
@@ -32,7 +32,11 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--n", type=int, default=12, help="number of prompts")
     bench.add_argument("--batch-size", type=int, default=1)
     bench.add_argument("--max-new-tokens", type=int, default=96)
-    bench.add_argument("--methods", default="plain,hf-assistant,hf-assistant-5h,specdec", help=f"{sorted(METHODS)}")
+    bench.add_argument(
+        "--methods",
+        default="plain,hf-assistant,hf-assistant-5h,specdec",
+        help=f"{sorted(METHODS)}, or medusa-N / medusa-dynN[-lookup] for Medusa trees of N nodes",
+    )
     bench.add_argument("--do-sample", action="store_true", help="sample instead of greedy (no identity check)")
     bench.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -42,7 +46,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    methods = [METHODS[name] for name in args.methods.split(",")]
+    methods = [method_by_name(name) for name in args.methods.split(",")]
     dtype = DTYPES[args.dtype]
     target, tokenizer = load_model(args.target, dtype=dtype)
     target = speculative(target.to(args.device))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,17 +66,6 @@ METHODS: dict[str, Method] = {
         Method("hf-lookup", "hf-lookup", {"prompt_lookup_num_tokens": 10}),
         Method("medusa", "medusa", {"medusa": True}),
         Method("medusa-chain", "medusa", {"medusa": True, "tree": "chain"}),
-        Method("medusa-8", "medusa", {"medusa": True, "tree": 8}),
-        # Trees grown per step from the heads' own probabilities (8 or 12 nodes, as deep as the heads).
-        Method("medusa-dyn8", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=8)}),
-        Method("medusa-dyn12", "medusa", {"medusa": True, "tree": DynamicTree(num_nodes=12)}),
-        # The heads' tree with each row's prompt-lookup continuation grafted on (up to 10 tokens).
-        Method("medusa-8-lookup", "medusa", {"medusa": True, "tree": 8, "prompt_lookup_num_tokens": 10}),
-        Method(
-            "medusa-dyn8-lookup",
-            "medusa",
-            {"medusa": True, "tree": DynamicTree(num_nodes=8), "prompt_lookup_num_tokens": 10},
-        ),
         Method(
             "specdec-k4",
             "specdec",
@@ -83,3 +73,26 @@ METHODS: dict[str, Method] = {
         ),
     ]
 }
+
+
+# Medusa trees of any size, by name: `medusa-N` (the best N-node tree for the heads' measured accuracies),
+# `medusa-dynN` (a DynamicTree of N nodes), either with `-lookup` (prompt lookup's continuation grafted on,
+# up to 10 tokens).
+_MEDUSA_TREE = re.compile(r"medusa-(dyn)?([1-9][0-9]*)(-lookup)?")
+
+
+def method_by_name(name: str) -> Method:
+    """The method called `name`: one of `METHODS`, or a Medusa tree size such as `medusa-8`, `medusa-5-lookup`,
+    `medusa-dyn12`."""
+    if name in METHODS:
+        return METHODS[name]
+    match = _MEDUSA_TREE.fullmatch(name)
+    if match is None:
+        raise ValueError(
+            f"Unknown method {name!r}; choose from {sorted(METHODS)}, or medusa-N / medusa-dynN[-lookup] for N nodes."
+        )
+    dynamic, size, lookup = match.groups()
+    kwargs: dict[str, Any] = {"medusa": True, "tree": DynamicTree(num_nodes=int(size)) if dynamic else int(size)}
+    if lookup:
+        kwargs["prompt_lookup_num_tokens"] = 10
+    return Method(name, "medusa", kwargs)
