@@ -112,4 +112,4 @@ class DynamicTree:
         tree_parents = renumber.gather(1, pool_parents.gather(1, chosen))
         nodes = torch.cat([root[:, None], pool_tokens.gather(1, chosen)], dim=1)
         tree_parents = torch.cat([root.new_full((batch, 1), -1), tree_parents], dim=1)
-        return nodes, RowTrees.from_parents(tree_parents)
+        return nodes, RowTrees.from_parents(tree_parents, validate=False)  # a tree by construction

@@ -38,7 +38,7 @@ class RowTrees:
     real: torch.Tensor
 
     @classmethod
-    def from_parents(cls, parents: torch.Tensor, real: torch.Tensor | None = None) -> RowTrees:
+    def from_parents(cls, parents: torch.Tensor, real: torch.Tensor | None = None, validate: bool = True) -> RowTrees:
         """The structure of trees given by their parent pointers.
 
         Args:
@@ -46,20 +46,16 @@ class RowTrees:
                 other node's parent has a smaller index; siblings in the order they are to be tried.
             real (`torch.BoolTensor` of shape `(batch, nodes)`, *optional*): False for padding nodes (children
                 of the root that are never tried); all True by default.
+            validate (`bool`): check the structure (each check waits for the device); the library's own
+                builders, whose trees are valid by construction, skip it.
         """
         if parents.dim() != 2 or parents.shape[1] == 0:
             raise ValueError(f"Parents form a (batch, nodes) tensor, root first; got shape {tuple(parents.shape)}.")
         batch, n = parents.shape
         device = parents.device
-        if bool((parents[:, 0] != -1).any()):
-            raise ValueError("Node 0 of every tree is the root, with parent -1.")
-        if n > 1 and bool(((parents[:, 1:] < 0) | (parents[:, 1:] >= torch.arange(1, n, device=device))).any()):
-            raise ValueError("Every node's parent must be a node with a smaller index.")
         real = torch.ones(batch, n, dtype=torch.bool, device=device) if real is None else real.to(device)
-        if not bool(real[:, 0].all()) or bool((~real & (parents > 0)).any()):
-            raise ValueError("Padding nodes hang from the root, and the root is real.")
-        if bool((real & ~real.gather(1, parents.clamp_min(0))).any()):
-            raise ValueError("A padding node cannot have children.")
+        if validate:
+            _validate(parents, real)
         rows = torch.arange(batch, device=device)[:, None]
         nodes = torch.arange(n, device=device)[None].expand(batch, n)
         ancestors = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, N, N)
@@ -121,3 +117,15 @@ class RowTrees:
         """`(batch, D+1)` the nodes from the root to `node` `(batch,)`, padded with -1."""
         paths = self.paths
         return paths.gather(1, node[:, None, None].expand(-1, 1, paths.shape[2])).squeeze(1)
+
+
+def _validate(parents: torch.Tensor, real: torch.Tensor) -> None:
+    n = parents.shape[1]
+    if bool((parents[:, 0] != -1).any()):
+        raise ValueError("Node 0 of every tree is the root, with parent -1.")
+    if n > 1 and bool(((parents[:, 1:] < 0) | (parents[:, 1:] >= torch.arange(1, n, device=parents.device))).any()):
+        raise ValueError("Every node's parent must be a node with a smaller index.")
+    if not bool(real[:, 0].all()) or bool((~real & (parents > 0)).any()):
+        raise ValueError("Padding nodes hang from the root, and the root is real.")
+    if bool((real & ~real.gather(1, parents.clamp_min(0))).any()):
+        raise ValueError("A padding node cannot have children.")

@@ -56,4 +56,4 @@ def graft_chains(
     real = torch.tensor([[i < len(t) for i in range(width)] for t in all_tokens], device=device)
     tokens = torch.tensor([t + [t[0]] * (width - len(t)) for t in all_tokens], device=device)  # padding: any token
     parents = torch.tensor([p + [0] * (width - len(p)) for p in all_parents], device=device)
-    return tokens, RowTrees.from_parents(parents, real)
+    return tokens, RowTrees.from_parents(parents, real, validate=False)  # parents appended before children
