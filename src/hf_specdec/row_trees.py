@@ -20,10 +20,12 @@ batch dimension of one, expanded to the batch without copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from hf_specdec.tree import DraftTree
+if TYPE_CHECKING:
+    from hf_specdec.tree import DraftTree
 
 
 @dataclass(frozen=True)

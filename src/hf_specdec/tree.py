@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_specdec.row_trees import RowTrees
+
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -48,36 +50,14 @@ class DraftTree:
         parents = [-1] + [index.get(path[:-1], 0) for path in ordered]
         depths = [0] + [len(path) for path in ordered]
         ranks = [0] + [path[-1] for path in ordered]
-        n = len(ordered) + 1
-        ancestors = torch.zeros(n, n, dtype=torch.bool)
-        for node in range(n):
-            walk = node
-            while walk != -1:
-                ancestors[node, walk] = True
-                walk = parents[walk]
-        is_parent = set(parents[1:])
-        leaves = [node for node in range(n) if node not in is_parent]
-        max_depth = max(depths)
-        paths = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
-        for row, leaf in enumerate(leaves):
-            chain = []
-            walk = leaf
-            while walk != -1:
-                chain.append(walk)
-                walk = parents[walk]
-            paths[row, : len(chain)] = torch.tensor(chain[::-1])
+        # The structure verification needs, computed as for any per-row tree (one row here).
+        structure = RowTrees.from_parents(torch.tensor([parents]))
         object.__setattr__(self, "parents", torch.tensor(parents))
         object.__setattr__(self, "depths", torch.tensor(depths))
         object.__setattr__(self, "ranks", torch.tensor(ranks))
-        object.__setattr__(self, "ancestors", ancestors)
-        object.__setattr__(self, "paths", paths)
-        kids: list[list[int]] = [[] for _ in range(n)]
-        for node in range(1, n):  # nodes are sorted, so siblings arrive in rank order
-            kids[parents[node]].append(node)
-        children = torch.full((n, max(len(k) for k in kids)), -1, dtype=torch.long)
-        for node, k in enumerate(kids):
-            children[node, : len(k)] = torch.tensor(k, dtype=torch.long)
-        object.__setattr__(self, "children", children)
+        object.__setattr__(self, "ancestors", structure.ancestors[0])
+        object.__setattr__(self, "paths", structure.paths[0][structure.leaves[0]])  # leaves in node order
+        object.__setattr__(self, "children", structure.children[0])  # siblings in rank order: nodes are sorted
 
     @classmethod
     def chain(cls, length: int) -> DraftTree:
