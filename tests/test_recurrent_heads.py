@@ -128,6 +128,69 @@ def test_relabelled_data_trains_only_on_the_bases_own_path() -> None:
     assert run[0].tolist() == [1, 0, 3, 2, 1, 0]
 
 
+def test_heads_that_read_the_data_learn_at_every_labelled_position() -> None:
+    """Recurrent heads read the data's own tokens, so off the base's path (relabelled data) they still get a
+    consistent example: the base's choice after exactly the tokens read. Medusa heads, blind to those tokens,
+    learn on the path only. Metrics stay on the path for both (where a guess matters at decoding time)."""
+    labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7, 8, 4]])  # the base's next-token choices
+    input_ids = torch.tensor([[1, 5, 9, 7, 8, 4]])  # the data: token 2 is not the base's choice (6)
+    recurrent = _recurrent(share_lm_head=False, num_heads=2)
+    base = recurrent.base
+    hidden = torch.randn(1, labels.shape[1], base.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    _, per_head, outputs = medusa_loss_from_hidden(
+        recurrent.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=input_ids
+    )
+    # Depth 0 at t = 0..3 reads the data's token t + 1 (5, 9, 7, 8) and learns the label t + 2.
+    expected = recurrent.heads.depth_logits(hidden[0, :4], input_ids[0, 1:5, None], lm_head, embeddings, depth=1)
+    torch.testing.assert_close(per_head[0], torch.nn.functional.cross_entropy(expected[0], labels[0, 2:6]))
+    # Depth 1 at t = 0..2 reads tokens t + 1, t + 2 of the data and learns label t + 3.
+    reads = torch.stack([input_ids[0, 1:4], input_ids[0, 2:5]], dim=-1)
+    expected = recurrent.heads.depth_logits(hidden[0, :3], reads, lm_head, embeddings)[1]
+    torch.testing.assert_close(per_head[1], torch.nn.functional.cross_entropy(expected, labels[0, 3:6]))
+    assert [recurrent.heads.to_token_ids(index).tolist() for _, index in outputs] == [[6, 8, 4], [4]]
+
+    medusa = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False))
+    _, per_head, _ = medusa_loss_from_hidden(medusa.heads, lm_head, hidden, labels, input_ids=input_ids)
+    # Head 0 learns at t = 0, 2, 3, where token t + 1 is the base's own (5, 7, 8), not at t = 1 (9).
+    unread = torch.zeros(3, 1, dtype=torch.long)  # Medusa heads do not read the tokens
+    logits = torch.stack(medusa.heads.depth_logits(hidden[0, [0, 2, 3]], unread, lm_head, None))
+    torch.testing.assert_close(per_head[0], torch.nn.functional.cross_entropy(logits[0], labels[0, [2, 4, 5]]))
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent"])
+@pytest.mark.parametrize("vocabulary", [None, [0, 3, 5, 6, 7, 8, 9, 11, 20, 31]])
+def test_soft_targets_are_the_bases_distribution_before_each_label(head_type: str, vocabulary) -> None:
+    """Depth k at t learns the base's distribution at t + 1 + k (which predicts label t + 2 + k), over the draft
+    vocabulary: KL from softmax(lm_head(h[t + 1 + k])) restricted and renormalised."""
+    base = tiny_model("llama", seed=0, sharpen=4.0)
+    token_ids = None if vocabulary is None else torch.tensor(vocabulary)
+    config = MedusaConfig(head_type=head_type, num_heads=2, share_lm_head=True)
+    model = MedusaForCausalLM.from_base(base, config, token_ids=token_ids)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    ids = torch.tensor([[1, 5, 9, 7, 8, 4, 6]])
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 9, 7, 8, 4, 6]])
+    with torch.no_grad():
+        hidden = base(ids, output_hidden_states=True).hidden_states[-1]
+    lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    _, per_head, _ = medusa_loss_from_hidden(
+        model.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=ids, soft_targets=True
+    )
+    full = lm_head(hidden[0])  # (T, V)
+    teacher = full if token_ids is None else full[:, token_ids]
+    for k in range(2):
+        positions = torch.arange(1, labels.shape[1] - 2 - k)  # labels t + 1 .. t + 2 + k all present
+        reads = torch.stack([ids[0, positions + 1 + i] for i in range(k + 1)], dim=-1)
+        student = model.heads.depth_logits(hidden[0, positions], reads, lm_head, embeddings, depth=k + 1)[k]
+        expected = torch.nn.functional.kl_div(
+            student.log_softmax(-1), teacher[positions + 1 + k].log_softmax(-1), log_target=True, reduction="batchmean"
+        )
+        torch.testing.assert_close(per_head[k], expected)
+        assert per_head[k] > 0
+
+
 def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
     model = _recurrent(noise=0.0, share_lm_head=False)
     ids, mask = ragged_batch(3, seed=4)

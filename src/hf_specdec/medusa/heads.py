@@ -124,6 +124,18 @@ class DraftHeads(nn.Module):
         weight, bias = self._shared_rows(lm_head, self.token_ids, state.dtype)
         return functional.linear(state.to(weight.device), weight, bias).to(state.device)
 
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether a depth's guess reads the tokens drafted before it (then it can be taught on any text, its
+        inputs being that text's tokens; heads that do not must learn on the base's own path only)."""
+        return False
+
+    def base_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """The base's own logits `(..., head_vocab_size)` over the draft vocabulary, from its last hidden states:
+        the distribution its heads learn with soft targets, whatever their own projections."""
+        weight, bias = self._shared_rows(lm_head, self.token_ids, hidden.dtype)
+        return functional.linear(hidden.to(weight.device), weight, bias).to(hidden.device)
+
     def depth_logits(
         self,
         hidden: torch.Tensor,

@@ -125,13 +125,26 @@ def medusa_loss_from_hidden(
     weights: torch.Tensor | None = None,
     embeddings: nn.Module | None = None,
     input_ids: torch.Tensor | None = None,
+    soft_targets: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The weighted per-depth cross-entropy of any draft heads, computed only where it has a label.
+    """The weighted per-depth loss of any draft heads, computed only where it has a label.
 
     With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
-    carry no label, so they are skipped before the projection. Depth i (head i) at position t learns label
-    t + 2 + i where tokens t + 1 .. t + 1 + i are on the base's own path (see [`following_tokens`]); heads
-    that read the drafted tokens (recurrent ones) are teacher-forced with the labels.
+    carry no label, so they are skipped before the projection. Depth i (head i) at position t learns token
+    t + 2 + i:
+
+    - Heads that read the drafted tokens (recurrent ones) are teacher-forced with the data's tokens
+      t + 1 .. t + 1 + i (`input_ids`, else the labels) and learn at every labelled position: whatever the text,
+      their target is what the base does after exactly the tokens they read, so every position is a
+      consistent example (EAGLE's recipe).
+    - Heads that do not (Medusa's) cannot see those tokens, so they learn only where they are the base's own
+      choices (see [`following_tokens`]), which is where their guess matters at decoding time.
+
+    Targets are the labels (cross-entropy), or with `soft_targets` the base's whole next-token distribution
+    there, read off its hidden state one position before the label (the KL divergence from it; its logits
+    over the draft vocabulary, see `DraftHeads.base_logits`): every position then teaches how likely each
+    candidate is, not only which one wins, at no extra forward. The hidden states must be the base's on the
+    data's own tokens (a cache made with or without `--relabel_with_base`, or a live forward).
 
     Args:
         heads (`DraftHeads`), lm_head: the heads and the base's output projection.
@@ -139,37 +152,64 @@ def medusa_loss_from_hidden(
         labels (`torch.LongTensor` of shape `(batch, seq)`).
         weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
         embeddings (`nn.Module`, *optional*): the base's input embeddings (needed by recurrent heads).
-        input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, when the labels
-            are the base's predictions on them (relabelled data); positions off the base's path then do not
-            train.
+        input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, needed when the
+            labels are the base's predictions on them (relabelled data).
+        soft_targets (`bool`): learn the base's distributions instead of its labels.
 
-    Labels outside the heads' draft vocabulary (if they have one) add no loss but count as misses in metrics.
+    Labels outside the heads' draft vocabulary (if they have one) add no cross-entropy but count as misses in
+    metrics.
 
     Returns:
         `(loss, per_head, outputs)`: the weighted sum, each head's mean loss `(heads,)`, and each head's
-        `(logits (M, head_vocab), targets (M,))` at its labelled positions, for metrics; targets are positions
-        in the heads' logits, -1 for labels they cannot propose.
+        `(logits (M, head_vocab), targets (M,))` for metrics, at the positions where its guess matters at
+        decoding time (on the base's own path); targets are positions in the heads' logits, -1 for labels
+        they cannot propose.
     """
     depth = heads.num_heads
     weights = head_weights(depth) if weights is None else weights
-    window, run = following_tokens(labels, depth, input_ids)
-    keep = depth_targets(window, run, 0)  # depth 0 has its input and its label
-    window, run = window[keep], run[keep]  # (M, depth + 1), (M,)
-    logits = heads.depth_logits(hidden[keep], window[:, :depth].clamp_min(0), lm_head, embeddings)
+    window, labelled_run = following_tokens(labels, depth)
+    _, path_run = following_tokens(labels, depth, input_ids)
+    reads_data = heads.reads_tokens and input_ids is not None
+    train_run = labelled_run if reads_data else path_run
+    keep = depth_targets(window, train_run, 0)  # depth 0 has its input and its label
+    rows, positions = keep.nonzero(as_tuple=True)
+    if reads_data:
+        assert input_ids is not None
+        read = functional.pad(input_ids, (0, depth + 1)).unfold(1, depth, 1)[:, 1 : labels.shape[1] + 1][keep]
+    else:
+        read = window[keep][:, :depth].clamp_min(0)
+    window, train_run, path_run = window[keep], train_run[keep], path_run[keep]  # (M, depth + 1), (M,), (M,)
+    logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)
     per_head, outputs = [], []
     for k in range(depth):
-        trained = depth_targets(window, run, k)
+        trained = depth_targets(window, train_run, k)
         head_logits = logits[k][trained]
-        index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the heads' vocabulary
-        learnable = index >= 0
-        if learnable.any():
-            loss = functional.cross_entropy(head_logits[learnable].float(), index[learnable])
+        if soft_targets:
+            with torch.no_grad():
+                teacher = heads.base_logits(hidden[rows[trained], positions[trained] + 1 + k], lm_head)
+            loss = _kl_from(teacher, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
         else:
-            loss = head_logits.sum() * 0.0
+            index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the vocabulary
+            learnable = index >= 0
+            if learnable.any():
+                loss = functional.cross_entropy(head_logits[learnable].float(), index[learnable])
+            else:
+                loss = head_logits.sum() * 0.0
         per_head.append(loss)
-        outputs.append((head_logits.detach(), index))
+        measured = depth_targets(window, path_run, k)
+        outputs.append((logits[k][measured].detach(), heads.to_head_index(window[measured, k + 1])))
     per_head_tensor = torch.stack(per_head)
     return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor, outputs
+
+
+def _kl_from(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Mean KL(teacher || student) over rows of logits."""
+    return functional.kl_div(
+        functional.log_softmax(student_logits.float(), dim=-1),
+        functional.log_softmax(teacher_logits.float(), dim=-1),
+        log_target=True,
+        reduction="batchmean",
+    )
 
 
 @torch.no_grad()

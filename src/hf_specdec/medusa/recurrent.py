@@ -69,6 +69,10 @@ class RecurrentHeads(DraftHeads):
     def num_heads(self) -> int:
         return self.depth
 
+    @property
+    def reads_tokens(self) -> bool:
+        return True
+
     def step(self, state: torch.Tensor, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
         """The state after reading `tokens`: `state` `(..., hidden)`, `tokens` `(...)`."""
         embedded = embeddings(tokens.to(embeddings.weight.device)).to(device=state.device, dtype=state.dtype)

@@ -8,8 +8,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import datasets
 import torch
-from transformers import PreTrainedModel, TrainingArguments
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.training.collator import MedusaCollator
@@ -50,7 +51,9 @@ class MedusaTrainingConfig:
         },
     )
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
-    max_examples: int | None = field(default=None, metadata={"help": "Use only this many records."})
+    max_examples: int | None = field(
+        default=None, metadata={"help": "Use only the first this many records of each data source."}
+    )
     eval_fraction: float = field(default=0.05, metadata={"help": "Share of examples held out for evaluation."})
     self_distill: bool = field(default=False, metadata={"help": "Generate the replies with the base itself."})
     distill_max_new_tokens: int = field(default=256, metadata={"help": "Reply length when self-distilling."})
@@ -61,6 +64,13 @@ class MedusaTrainingConfig:
         metadata={
             "help": "With --cache_hidden_states: replace each reply token by the base's own greedy prediction "
             "from the data's prefix (teacher-forced self-distillation: one forward, no generation)."
+        },
+    )
+    soft_targets: bool = field(
+        default=False,
+        metadata={
+            "help": "Heads learn the base's whole next-token distribution at every position (KL), read off its "
+            "hidden states at no extra cost, instead of its single tokens: more signal from the same data."
         },
     )
     lora: bool = field(default=False, metadata={"help": "Medusa-2: train the base too, through LoRA adapters."})
@@ -87,49 +97,27 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     """Train heads as configured, save them to `training_args.output_dir`, and return the model."""
     base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
     drop_quantization_flags(base)  # GGUF-loaded bases are dense but flagged quantized; Trainer would refuse
-    records = load_records(config.data)
-    if config.max_examples is not None:
-        records = records.select(range(min(config.max_examples, len(records))))
     output_dir = Path(training_args.output_dir)
-    if config.self_distill and config.cache_hidden_states:
-        # The base's hidden states come out of its own generation: no second forward over the replies.
-        tokenized = self_distill_with_states(
-            base,
-            tokenizer,
-            records,
-            output_dir / "self_distill_states",
-            max_new_tokens=config.distill_max_new_tokens,
-            batch_size=config.distill_batch_size,
-            max_length=config.max_length,
-        ).remove_columns("input_ids")
+    if config.self_distill:
+        # One generation over every source: its replies are one data set.
+        parts = [_tokenize_part(config, base, tokenizer, _records(config, config.data), output_dir)]
     else:
-        if config.self_distill:
-            records = self_distill(
-                base,
-                tokenizer,
-                records,
-                output_dir / "self_distill.jsonl",
-                max_new_tokens=config.distill_max_new_tokens,
-                batch_size=config.distill_batch_size,
-            )
-        tokenized = tokenize_records(records, tokenizer, config.max_length)
-        if config.cache_hidden_states:
-            # The states (and relabelled labels) depend on the base and its dtype as well as on the data.
-            base_id = hashlib.sha256(f"{base.name_or_path}|{base.dtype}".encode()).hexdigest()[:8]
-            name = f"{tokenized._fingerprint}-{base_id}" + ("-relabeled" if config.relabel_with_base else "")
-            tokenized = cache_hidden_states(
-                base,
-                tokenized,
-                output_dir / "hidden_states" / name,
-                tokenizer.pad_token_id,
-                relabel=config.relabel_with_base,
-            )
-            # input_ids stay: with relabelled labels they tell where the data follows the base's own path.
-    split = (
-        tokenized.train_test_split(test_size=config.eval_fraction, seed=training_args.seed)
-        if config.eval_fraction
-        else None
-    )
+        # Each source is tokenised, cached and split on its own: adding a source to --data reuses the hidden
+        # states of the others, and each keeps its evaluation examples.
+        parts = [
+            _tokenize_part(config, base, tokenizer, _records(config, source), output_dir)
+            for source in config.data.split(",")
+            if source
+        ]
+    splits = [
+        part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) if config.eval_fraction else None
+        for part in parts
+    ]
+    if config.eval_fraction:
+        train = datasets.concatenate_datasets([split["train"] for split in splits])
+        evaluation = datasets.concatenate_datasets([split["test"] for split in splits])
+    else:
+        train, evaluation = datasets.concatenate_datasets(parts), None
     medusa_config = MedusaConfig(
         num_heads=config.num_heads,
         num_layers=config.num_layers,
@@ -139,7 +127,6 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     )
     token_ids = None
     if config.head_vocab_size is not None:
-        train = split["train"] if split else tokenized
         token_ids, coverage = _draft_vocabulary(train["labels"], base, config.head_vocab_size)
         medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
     model = MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids).freeze_base()
@@ -153,15 +140,16 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     trainer = MedusaTrainer(
         model=model,
         args=training_args,
-        train_dataset=split["train"] if split else tokenized,
-        eval_dataset=split["test"] if split else None,
+        train_dataset=train,
+        eval_dataset=evaluation,
         data_collator=MedusaCollator(tokenizer.pad_token_id),
         head_decay=config.head_decay,
         distill_weight=config.distill_weight,
         tree_nodes=config.tree_nodes,
+        soft_targets=config.soft_targets,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if split is not None:
+    if evaluation is not None:
         metrics = trainer.evaluate()
         medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(config.num_heads)]
         medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in trainer.last_accuracy]
@@ -169,6 +157,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         medusa_config.extra.update(
             training_data=config.data,
             self_distilled=config.self_distill,
+            soft_targets=config.soft_targets,
             expected_tau=round(metrics["eval_expected_tau"], 3),
             top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(config.num_heads)],
         )
@@ -179,6 +168,58 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     if training_args.push_to_hub:
         model.push_to_hub(training_args.hub_model_id or output_dir.name)
     return model
+
+
+def _records(config: MedusaTrainingConfig, data: str) -> datasets.Dataset:
+    records = load_records(data)
+    if config.max_examples is not None:
+        records = records.select(range(min(config.max_examples, len(records))))
+    return records
+
+
+def _tokenize_part(
+    config: MedusaTrainingConfig,
+    base: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    records: datasets.Dataset,
+    output_dir: Path,
+) -> datasets.Dataset:
+    """One data source tokenised, self-distilled and with the base's hidden states, as configured."""
+    if config.self_distill and config.cache_hidden_states:
+        # The base's hidden states come out of its own generation: no second forward over the replies.
+        return self_distill_with_states(
+            base,
+            tokenizer,
+            records,
+            output_dir / "self_distill_states",
+            max_new_tokens=config.distill_max_new_tokens,
+            batch_size=config.distill_batch_size,
+            max_length=config.max_length,
+        ).remove_columns("input_ids")
+    if config.self_distill:
+        records = self_distill(
+            base,
+            tokenizer,
+            records,
+            output_dir / "self_distill.jsonl",
+            max_new_tokens=config.distill_max_new_tokens,
+            batch_size=config.distill_batch_size,
+        )
+    tokenized = tokenize_records(records, tokenizer, config.max_length)
+    if not config.cache_hidden_states:
+        return tokenized
+    # The states (and relabelled labels) depend on the base and its dtype as well as on the data.
+    base_id = hashlib.sha256(f"{base.name_or_path}|{base.dtype}".encode()).hexdigest()[:8]
+    name = f"{tokenized._fingerprint}-{base_id}" + ("-relabeled" if config.relabel_with_base else "")
+    # input_ids stay: with relabelled labels they tell where the data follows the base's own path, and
+    # recurrent heads read them.
+    return cache_hidden_states(
+        base,
+        tokenized,
+        output_dir / "hidden_states" / name,
+        tokenizer.pad_token_id,
+        relabel=config.relabel_with_base,
+    )
 
 
 def _draft_vocabulary(labels: list[list[int]], base: PreTrainedModel, size: int) -> tuple[torch.Tensor, float]:

@@ -28,13 +28,22 @@ class MedusaTrainer(Trainer):
         head_decay (`float`): head k's loss weight is `head_decay ** k` (Medusa: 0.8).
         distill_weight (`float`): weight of the KL to the frozen base (Medusa-2 with LoRA only).
         tree_nodes (`int`): node budget of the tree evaluated for the expected tau.
+        soft_targets (`bool`): heads learn the base's whole next-token distributions, not its tokens (see
+            `medusa_loss_from_hidden`).
         All other arguments are `Trainer`'s.
     """
 
     def __init__(
-        self, *args: Any, head_decay: float = 0.8, distill_weight: float = 1.0, tree_nodes: int = 16, **kwargs: Any
+        self,
+        *args: Any,
+        head_decay: float = 0.8,
+        distill_weight: float = 1.0,
+        tree_nodes: int = 16,
+        soft_targets: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.soft_targets = soft_targets
         self.head_decay = head_decay
         self.distill_weight = distill_weight
         self.tree_nodes = tree_nodes
@@ -77,7 +86,16 @@ class MedusaTrainer(Trainer):
         weights = head_weights(medusa.config.num_heads, self.head_decay)
         lm_head = medusa.base.get_output_embeddings()
         embeddings = medusa.base.get_input_embeddings()
-        loss, _, outputs = medusa_loss_from_hidden(medusa.heads, lm_head, hidden, inputs["labels"], weights, embeddings)
+        loss, _, outputs = medusa_loss_from_hidden(
+            medusa.heads,
+            lm_head,
+            hidden,
+            inputs["labels"],
+            weights,
+            embeddings,
+            input_ids=inputs.get("input_ids"),
+            soft_targets=self.soft_targets,
+        )
         loss = loss + base_loss
         return (loss, {"heads": outputs}) if return_outputs else loss
 
