@@ -160,13 +160,16 @@ def test_heads_that_read_the_data_learn_at_every_labelled_position() -> None:
 
 @pytest.mark.parametrize("head_type", ["medusa", "recurrent"])
 @pytest.mark.parametrize("vocabulary", [None, [0, 3, 5, 6, 7, 8, 9, 11, 20, 31]])
-def test_soft_targets_are_the_bases_distribution_before_each_label(head_type: str, vocabulary) -> None:
+@pytest.mark.parametrize("share_lm_head", [True, False])
+def test_soft_targets_are_the_bases_distribution_before_each_label(
+    head_type: str, vocabulary, share_lm_head: bool
+) -> None:
     """Depth k at t learns the base's distribution at t + 1 + k (which predicts label t + 2 + k), over the draft
     vocabulary: KL from softmax(lm_head(h[t + 1 + k])) restricted and renormalised."""
     base = tiny_model("llama", seed=0, sharpen=4.0)
     token_ids = None if vocabulary is None else torch.tensor(vocabulary)
-    config = MedusaConfig(head_type=head_type, num_heads=2, share_lm_head=True)
-    model = MedusaForCausalLM.from_base(base, config, token_ids=token_ids)
+    config = MedusaConfig(head_type=head_type, num_heads=2, share_lm_head=share_lm_head)
+    model = MedusaForCausalLM.from_base(base, config, token_ids=token_ids)  # own projections: perturbed below
     with torch.no_grad():
         for parameter in model.heads.parameters():
             parameter.add_(0.3 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))

@@ -254,6 +254,10 @@ def test_recipe_caches_each_data_source_once(tmp_path: Path) -> None:
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["extra"]["soft_targets"] and config["head_type"] == "recurrent"
     assert len(config["measured_top1"]) == 2
+    single = tmp_path / "one.jsonl"
+    single.write_text(json.dumps(_conversations(1)[0]))
+    with pytest.raises(ValueError, match="at least 2"):
+        run(f"{first},{single}")
 
 
 def _refuse_generation(*args, **kwargs):

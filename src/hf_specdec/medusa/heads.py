@@ -133,6 +133,8 @@ class DraftHeads(nn.Module):
     def base_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """The base's own logits `(..., head_vocab_size)` over the draft vocabulary, from its last hidden states:
         the distribution its heads learn with soft targets, whatever their own projections."""
+        if self.token_ids is None:
+            return lm_head(hidden.to(lm_head.weight.dtype))  # no copy of a whole vocabulary's rows
         weight, bias = self._shared_rows(lm_head, self.token_ids, hidden.dtype)
         return functional.linear(hidden.to(weight.device), weight, bias).to(hidden.device)
 

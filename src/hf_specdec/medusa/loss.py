@@ -180,14 +180,16 @@ def medusa_loss_from_hidden(
         read = window[keep][:, :depth].clamp_min(0)
     window, train_run, path_run = window[keep], train_run[keep], path_run[keep]  # (M, depth + 1), (M,), (M,)
     logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)
+    trains = [depth_targets(window, train_run, k) for k in range(depth)]
+    if soft_targets:
+        teacher, slot = _teacher_logits(heads, lm_head, hidden, rows, positions, trains)
     per_head, outputs = [], []
     for k in range(depth):
-        trained = depth_targets(window, train_run, k)
+        trained = trains[k]
         head_logits = logits[k][trained]
         if soft_targets:
-            with torch.no_grad():
-                teacher = heads.base_logits(hidden[rows[trained], positions[trained] + 1 + k], lm_head)
-            loss = _kl_from(teacher, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
+            targets = teacher[slot[rows[trained], positions[trained] + 1 + k]]
+            loss = _kl_from(targets, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
         else:
             index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the vocabulary
             learnable = index >= 0
@@ -200,6 +202,26 @@ def medusa_loss_from_hidden(
         outputs.append((logits[k][measured].detach(), heads.to_head_index(window[measured, k + 1])))
     per_head_tensor = torch.stack(per_head)
     return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor, outputs
+
+
+@torch.no_grad()
+def _teacher_logits(
+    heads: DraftHeads,
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    trains: list[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base's logits over the draft vocabulary at every position some depth learns from, each computed once
+    (depth k at t reads position t + 1 + k; several depths share positions): `(logits (P, head_vocab), slot)`
+    where `slot` `(batch, seq)` gives a position's row in `logits`."""
+    needed = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+    for k, trained in enumerate(trains):
+        needed[rows[trained], positions[trained] + 1 + k] = True
+    slot = torch.full(hidden.shape[:2], -1, dtype=torch.long, device=hidden.device)
+    slot[needed] = torch.arange(int(needed.sum()), device=hidden.device)
+    return heads.base_logits(hidden[needed], lm_head), slot
 
 
 def _kl_from(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,8 @@ class MedusaTrainingConfig:
     )
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
     max_examples: int | None = field(
-        default=None, metadata={"help": "Use only the first this many records of each data source."}
+        default=None,
+        metadata={"help": "Use only the first this many records of each data source (of all, with --self_distill)."},
     )
     eval_fraction: float = field(default=0.05, metadata={"help": "Share of examples held out for evaluation."})
     self_distill: bool = field(default=False, metadata={"help": "Generate the replies with the base itself."})
@@ -109,6 +110,11 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             for source in config.data.split(",")
             if source
         ]
+    if config.eval_fraction and (small := [len(part) for part in parts if len(part) < 2]):
+        raise ValueError(
+            f"A data source has {small[0]} example(s): each source is split for evaluation on its own, so each "
+            "needs at least 2 (merge small files into one source, or pass --eval_fraction 0)."
+        )
     splits = [
         part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) if config.eval_fraction else None
         for part in parts
