@@ -105,11 +105,15 @@ def following_tokens(
     on_path = labels != IGNORE_INDEX
     if input_ids is not None:
         on_path &= input_ids == labels
-    padded = functional.pad(labels, (0, depth + 1), value=IGNORE_INDEX)
-    window = padded.unfold(1, depth + 1, 1)[:, 1 : labels.shape[1] + 1]  # (B, T, depth + 1)
-    path = functional.pad(on_path, (0, depth + 1), value=False).unfold(1, depth + 1, 1)[:, 1 : labels.shape[1] + 1]
-    run = path.long().cumprod(dim=-1).sum(dim=-1)
+    window = values_after(labels, depth + 1, IGNORE_INDEX)  # (B, T, depth + 1)
+    run = values_after(on_path, depth + 1, False).long().cumprod(dim=-1).sum(dim=-1)
     return window, run
+
+
+def values_after(values: torch.Tensor, width: int, fill: int | bool) -> torch.Tensor:
+    """`(batch, seq, width)`: at every position t of `values` `(batch, seq)`, the entries t + 1 .. t + width
+    (`fill` past the end). A view of a padded copy, not `width` copies."""
+    return functional.pad(values, (0, width + 1), value=fill).unfold(1, width, 1)[:, 1 : values.shape[1] + 1]
 
 
 def depth_targets(window: torch.Tensor, run: torch.Tensor, depth: int) -> torch.Tensor:
@@ -168,14 +172,14 @@ def medusa_loss_from_hidden(
     depth = heads.num_heads
     weights = head_weights(depth) if weights is None else weights
     window, labelled_run = following_tokens(labels, depth)
-    _, path_run = following_tokens(labels, depth, input_ids)
+    path_run = labelled_run if input_ids is None else following_tokens(labels, depth, input_ids)[1]
     reads_data = heads.reads_tokens and input_ids is not None
     train_run = labelled_run if reads_data else path_run
     keep = depth_targets(window, train_run, 0)  # depth 0 has its input and its label
     rows, positions = keep.nonzero(as_tuple=True)
     if reads_data:
         assert input_ids is not None
-        read = functional.pad(input_ids, (0, depth + 1)).unfold(1, depth, 1)[:, 1 : labels.shape[1] + 1][keep]
+        read = values_after(input_ids, depth, 0)[keep]
     else:
         read = window[keep][:, :depth].clamp_min(0)
     window, train_run, path_run = window[keep], train_run[keep], path_run[keep]  # (M, depth + 1), (M,), (M,)

@@ -29,6 +29,7 @@ from torch import nn
 
 from hf_specdec.dynamic_tree import Expander
 from hf_specdec.medusa.heads import DraftHeads, ResBlock
+from hf_specdec.medusa.loss import values_after
 from hf_specdec.tree import DraftTree
 
 
@@ -118,8 +119,7 @@ class RecurrentHeads(DraftHeads):
             `torch.Tensor` of shape `(num_heads, batch, seq, head_vocab_size)`; entry (i, b, t) predicts token
             t + 2 + i, as Medusa's head i does.
         """
-        padded = nn.functional.pad(tokens, (0, self.depth + 1), value=0)
-        following = padded.unfold(1, self.depth, 1)[:, 1 : tokens.shape[1] + 1]  # (B, T, depth)
+        following = values_after(tokens, self.depth, 0)  # (B, T, depth)
         return torch.stack(self.depth_logits(hidden, following, lm_head, embeddings))
 
     def tree_candidates(

@@ -110,16 +110,13 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             for source in config.data.split(",")
             if source
         ]
-    if config.eval_fraction and (small := [len(part) for part in parts if len(part) < 2]):
-        raise ValueError(
-            f"A data source has {small[0]} example(s): each source is split for evaluation on its own, so each "
-            "needs at least 2 (merge small files into one source, or pass --eval_fraction 0)."
-        )
-    splits = [
-        part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) if config.eval_fraction else None
-        for part in parts
-    ]
     if config.eval_fraction:
+        if small := [len(part) for part in parts if len(part) < 2]:
+            raise ValueError(
+                f"A data source has {small[0]} example(s): each source is split for evaluation on its own, so "
+                "each needs at least 2 (merge small files into one source, or pass --eval_fraction 0)."
+            )
+        splits = [part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) for part in parts]
         train = datasets.concatenate_datasets([split["train"] for split in splits])
         evaluation = datasets.concatenate_datasets([split["test"] for split in splits])
     else:
