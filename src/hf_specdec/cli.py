@@ -11,6 +11,7 @@ import torch
 from hf_specdec.bench.cli import add_bench_parser, run_bench
 from hf_specdec.demo import DEFAULT_PROMPTS, run_demo
 from hf_specdec.simulator.cli import add_simulate_parser, run_simulate
+from hf_specdec.training.topics import TOPICS, select_conversations
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -29,28 +30,33 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
     data = subparsers.add_parser("data", help="export ShareGPT V3 conversations (from its PyPI wheel) as JSONL")
     data.add_argument("--n", type=int, default=1000, help="conversations to export")
     data.add_argument("--max-prompt-chars", type=int, default=1000, help="skip conversations opening longer")
+    data.add_argument("--min-prompt-chars", type=int, default=0, help="skip conversations opening shorter")
     data.add_argument("--skip", type=int, default=0, help="skip this many conversations first")
+    data.add_argument(
+        "--topic",
+        action="append",
+        choices=TOPICS,
+        help="keep only requests about this topic (repeat for several; see hf_specdec.training.topics)",
+    )
+    data.add_argument(
+        "--min-ascii", type=float, default=0.0, help="skip openings with a smaller share of ASCII (0.97: English)"
+    )
     data.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
 
 
 def _export_data(args: argparse.Namespace) -> int:
     from hf_specdec.bench.prompts import sharegpt_v3_conversations
 
+    records = sharegpt_v3_conversations()[args.skip :]
+    selected = select_conversations(
+        records, args.n, args.max_prompt_chars, args.topic, args.min_ascii, args.min_prompt_chars
+    )
     written = 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as sink:
-        for record in sharegpt_v3_conversations()[args.skip :]:
-            turns = record.get("conversations") or []
-            if (
-                len(turns) < 2
-                or turns[0].get("from") != "human"
-                or len(turns[0].get("value", "")) > args.max_prompt_chars
-            ):
-                continue
-            sink.write(json.dumps({"id": record.get("id"), "conversations": turns[:2]}) + "\n")
+        for record in selected:
+            sink.write(json.dumps(record) + "\n")
             written += 1
-            if written == args.n:
-                break
     print(f"wrote {written} conversations to {args.out}")
     return 0
 
