@@ -260,6 +260,46 @@ def test_recipe_caches_each_data_source_once(tmp_path: Path) -> None:
         run(f"{first},{single}")
 
 
+def test_recipe_fine_tunes_trained_heads(tmp_path: Path) -> None:
+    """--init_heads starts from saved heads (their float32 weights, architecture and vocabulary) instead of fresh
+    ones; options that would change what a checkpoint fixes are refused, as are heads that need base adapters."""
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _conversations(12, seed=3)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
+    try:
+        from train_medusa import main
+    finally:
+        sys.path.pop(0)
+    common = [
+        "--base", str(base_dir), "--data", str(data), "--eval_fraction", "0.25", "--cache_hidden_states",
+        "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+    ]  # fmt: skip
+    first, second = tmp_path / "first", tmp_path / "second"
+    main([*common, "--output_dir", str(first), "--max_steps", "3", "--num_heads", "2", "--head_type", "recurrent",
+          "--head_vocab_size", "40", "--learning_rate", "1e-2"])  # fmt: skip
+    # No step size: the heads come out as they went in, to the bit, although the base is bfloat16.
+    main([*common, "--output_dir", str(second), "--max_steps", "1", "--learning_rate", "0", "--dtype", "bfloat16",
+          "--init_heads", str(first)])  # fmt: skip
+    before = safetensors.torch.load_file(first / "medusa_heads.safetensors")
+    after = safetensors.torch.load_file(second / "medusa_heads.safetensors")
+    assert before.keys() == after.keys()
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name
+    config = json.loads((second / "medusa_config.json").read_text())
+    assert config["head_type"] == "recurrent" and config["num_heads"] == 2 and config["head_vocab_size"] == 40
+    assert config["extra"]["initialised_from"] == str(first) and len(config["measured_top1"]) == 2
+    assert config["base_model_name_or_path"] == str(base_dir)
+    with pytest.raises(ValueError, match="drop --num_heads, --head_vocab_size"):
+        main([*common, "--output_dir", str(second), "--init_heads", str(first), "--num_heads", "3",
+              "--head_vocab_size", "20"])  # fmt: skip
+    (first / "base_adapter").mkdir()
+    with pytest.raises(ValueError, match="trained with --lora"):
+        main([*common, "--output_dir", str(second), "--init_heads", str(first)])
+
+
 def _refuse_generation(*args, **kwargs):
     raise AssertionError("a finished self-distillation must not generate again")
 

@@ -114,7 +114,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         The original Medusa release's format (`medusa_lm_head.pt` with a `config.json` holding
         `medusa_num_heads`) is read too.
         """
-        directory = _local_directory(path_or_repo)
+        directory = local_directory(path_or_repo)
         if not (directory / CONFIG_NAME).exists() and (directory / "medusa_lm_head.pt").exists():
             from hf_specdec.medusa.original import load_original
 
@@ -334,7 +334,8 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     )
 
 
-def _local_directory(path_or_repo: str | Path) -> Path:
+def local_directory(path_or_repo: str | Path) -> Path:
+    """A folder of heads, or a Hub repository's files (downloaded once into the Hub cache)."""
     path = Path(path_or_repo)
     if path.is_dir():
         return path

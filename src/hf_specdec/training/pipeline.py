@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import datasets
 import torch
+from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
+from hf_specdec.medusa.model import ADAPTER_FOLDER, WEIGHTS_NAME, local_directory
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
@@ -22,6 +24,8 @@ from hf_specdec.validation import eos_token_ids, output_vocab_size
 from hf_specdec.vocab import count_tokens, frequent_tokens
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
+# What a checkpoint fixes about its heads: with --init_heads these come from it.
+_HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -48,6 +52,13 @@ class MedusaTrainingConfig:
         metadata={
             "help": "Heads propose only this many tokens, the most frequent in the training labels (much cheaper "
             "heads on large vocabularies, still lossless); default: every token."
+        },
+    )
+    init_heads: str | None = field(
+        default=None,
+        metadata={
+            "help": "Start from trained heads (a folder or Hub id of this library's checkpoints) instead of fresh "
+            "ones, e.g. to fit published heads to your own data; their architecture and vocabulary are kept."
         },
     )
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
@@ -90,6 +101,14 @@ class MedusaTrainingConfig:
             raise ValueError("--relabel_with_base labels the data in the hidden-state pass: add --cache_hidden_states.")
         if self.cache_hidden_states and self.lora:
             raise ValueError("Cached hidden states need a frozen base; they cannot be combined with --lora.")
+        if self.init_heads is not None:
+            defaults = {f.name: f.default for f in fields(self)}
+            if changed := [name for name in _HEAD_SHAPE if getattr(self, name) != defaults[name]]:
+                raise ValueError(
+                    "--init_heads keeps the heads' own architecture and vocabulary: drop "
+                    + ", ".join(f"--{name}" for name in changed)
+                    + "."
+                )
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
 
@@ -121,18 +140,13 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         evaluation = datasets.concatenate_datasets([split["test"] for split in splits])
     else:
         train, evaluation = datasets.concatenate_datasets(parts), None
-    medusa_config = MedusaConfig(
-        num_heads=config.num_heads,
-        num_layers=config.num_layers,
-        head_type=config.head_type,
-        share_lm_head=config.share_lm_head,
-        base_model_name_or_path=config.base,
-    )
-    token_ids = None
-    if config.head_vocab_size is not None:
-        token_ids, coverage = _draft_vocabulary(train["labels"], base, config.head_vocab_size)
-        medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
-    model = MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids).freeze_base()
+    if config.init_heads is not None:
+        model = _warm_start(config.init_heads, base, train["labels"])
+    else:
+        model = _fresh_model(config, base, train["labels"])
+    medusa_config = model.config
+    medusa_config.base_model_name_or_path = config.base
+    model.freeze_base()
     model.heads.float()  # heads train in float32 whatever the base's dtype; loading casts them to the base's
     if config.lora:
         from peft import LoraConfig, get_peft_model
@@ -154,7 +168,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     if evaluation is not None:
         metrics = trainer.evaluate()
-        medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(config.num_heads)]
+        medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(medusa_config.num_heads)]
         medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in trainer.last_accuracy]
         medusa_config.tree = [list(path) for path in trainer.last_tree.choices]
         medusa_config.extra.update(
@@ -162,7 +176,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             self_distilled=config.self_distill,
             soft_targets=config.soft_targets,
             expected_tau=round(metrics["eval_expected_tau"], 3),
-            top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(config.num_heads)],
+            top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(medusa_config.num_heads)],
         )
         (output_dir / "eval_metrics.json").write_text(json.dumps(metrics, indent=2))
     medusa_config.extra["training_config"] = asdict(config)
@@ -223,6 +237,40 @@ def _tokenize_part(
         tokenizer.pad_token_id,
         relabel=config.relabel_with_base,
     )
+
+
+def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: list[list[int]]) -> MedusaForCausalLM:
+    medusa_config = MedusaConfig(
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        head_type=config.head_type,
+        share_lm_head=config.share_lm_head,
+    )
+    token_ids = None
+    if config.head_vocab_size is not None:
+        token_ids, coverage = _draft_vocabulary(labels, base, config.head_vocab_size)
+        medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
+    return MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids)
+
+
+def _warm_start(init_heads: str, base: PreTrainedModel, labels: list[list[int]]) -> MedusaForCausalLM:
+    """Trained heads on `base`, to train further (in float32, as saved; loading alone casts to the base's
+    dtype). Their tree and accuracies stay until the new evaluation replaces them."""
+    directory = local_directory(init_heads)
+    if (directory / ADAPTER_FOLDER).exists():
+        raise ValueError(
+            f"{init_heads} was trained with --lora: its base adapters change the base's hidden states. Train fresh "
+            "heads, or merge the adapters into a base of your own and pass that as --base."
+        )
+    model = MedusaForCausalLM.from_pretrained(directory, base_model=base)
+    if (directory / WEIGHTS_NAME).exists():
+        model.heads.float().load_state_dict(load_file(directory / WEIGHTS_NAME))
+    config = model.config
+    config.extra = {"initialised_from": str(init_heads)}
+    if (token_ids := model.heads.token_ids) is not None:
+        counts = count_tokens(labels, output_vocab_size(base))
+        config.extra["head_vocab_coverage"] = round(float(counts[token_ids.cpu()].sum() / counts.sum().clamp_min(1)), 4)
+    return model
 
 
 def _draft_vocabulary(labels: list[list[int]], base: PreTrainedModel, size: int) -> tuple[torch.Tensor, float]:
