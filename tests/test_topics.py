@@ -1,10 +1,16 @@
-"""Choosing training conversations by topic (`hf_specdec.training.topics`) and the `data` command's filters."""
+"""Choosing training conversations by topic (`hf_specdec.topics`) and the `data` command's filters."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
-from hf_specdec.training.topics import select_conversations, topic_of
+from hf_specdec.bench import prompts
+from hf_specdec.cli import main
+from hf_specdec.topics import select_conversations, topic_of
 
 
 def _record(opening: str, ident: str = "x", replies: int = 1) -> dict:
@@ -23,8 +29,15 @@ def _record(opening: str, ident: str = "x", replies: int = 1) -> dict:
         ("A shop sells 12 apples at 3 dollars each. How much does it earn?", "maths"),
         ("What is 17 * 23?", "maths"),
         ("Write a program to calculate the average of a list", "maths"),  # a calculation wins over code
+        ("Write a C++ program that prints primes", "code"),
+        ("How do I do this in C#?", "code"),
+        ("Help me with my maths homework", "maths"),
+        ("Explain mathematical induction", "maths"),
         ("Tell me a story about a dragon.", None),
-        ("Classical music or jazz?", None),  # "class" as a word only, not inside another
+        ("Make a list of ten birthday gift ideas", None),  # everyday words are not code
+        ("Summarise the meeting of 2023-05-01 in 3-5 sentences", None),  # dates and ranges are not arithmetic
+        ("A 1920x1080 wallpaper of a sunset, please", None),
+        ("Classical music or jazz?", None),
     ],
 )
 def test_topic_of(text: str, topic: str | None) -> None:
@@ -54,6 +67,33 @@ def test_select_conversations_filters_in_order_and_cuts_to_the_first_exchange() 
     assert [r["id"] for r in anything] == ["chat", "code-1", "code-too-long"]
 
 
-def test_select_conversations_rejects_an_unknown_topic() -> None:
-    with pytest.raises(ValueError, match="Unknown topics \\['poetry'\\]"):
-        list(select_conversations([], n=1, max_prompt_chars=10, topics=["poetry"]))
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"topics": ["poetry"]}, "Unknown topics \\['poetry'\\]"),
+        ({"n": 0}, "at least one"),
+        ({"min_prompt_chars": 20}, "swap them"),
+        ({"min_ascii": 97}, "in \\[0, 1\\]"),
+    ],
+)
+def test_select_conversations_checks_its_arguments_at_once(arguments: dict, message: str) -> None:
+    def never() -> Iterator[dict]:
+        raise AssertionError("the records must not be read when the arguments are wrong")
+        yield {}
+
+    with pytest.raises(ValueError, match=message):
+        select_conversations(never(), **{"n": 1, "max_prompt_chars": 10, **arguments})
+
+
+def test_data_command_writes_the_selected_conversations(tmp_path: Path, monkeypatch, capsys) -> None:
+    records = [_record(f"Write python code number {i}", f"c{i}", replies=2) for i in range(3)]
+    records.insert(1, _record("A poem about the sea", "chat"))
+    monkeypatch.setattr(prompts, "sharegpt_v3_conversations", lambda: records)
+    out = tmp_path / "code.jsonl"
+    assert main(["data", "--n", "5", "--skip", "1", "--topic", "code", "--out", str(out)]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == ["c1", "c2"]
+    assert written[0]["conversations"] == records[2]["conversations"][:2]
+    assert "wrote 2 conversations" in (printed := capsys.readouterr().out) and "asked for 5" in printed
+    with pytest.raises(SystemExit, match="hf-specdec data: Ask for at least one"):
+        main(["data", "--n", "0", "--out", str(out)])

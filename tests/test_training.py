@@ -262,7 +262,8 @@ def test_recipe_caches_each_data_source_once(tmp_path: Path) -> None:
 
 def test_recipe_fine_tunes_trained_heads(tmp_path: Path) -> None:
     """--init_heads starts from saved heads (their float32 weights, architecture and vocabulary) instead of fresh
-    ones; options that would change what a checkpoint fixes are refused, as are heads that need base adapters."""
+    ones, and measures them afresh; options that would change what a checkpoint fixes are refused, as are heads
+    that need base adapters and paths that hold no heads."""
     base_dir = tmp_path / "base"
     tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
@@ -274,27 +275,45 @@ def test_recipe_fine_tunes_trained_heads(tmp_path: Path) -> None:
     finally:
         sys.path.pop(0)
     common = [
-        "--base", str(base_dir), "--data", str(data), "--eval_fraction", "0.25", "--cache_hidden_states",
-        "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+        "--base", str(base_dir), "--data", str(data), "--cache_hidden_states", "--per_device_train_batch_size", "4",
+        "--report_to", "none", "--save_strategy", "no",
     ]  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"
     main([*common, "--output_dir", str(first), "--max_steps", "3", "--num_heads", "2", "--head_type", "recurrent",
-          "--head_vocab_size", "40", "--learning_rate", "1e-2"])  # fmt: skip
-    # No step size: the heads come out as they went in, to the bit, although the base is bfloat16.
-    main([*common, "--output_dir", str(second), "--max_steps", "1", "--learning_rate", "0", "--dtype", "bfloat16",
-          "--init_heads", str(first)])  # fmt: skip
-    before = safetensors.torch.load_file(first / "medusa_heads.safetensors")
-    after = safetensors.torch.load_file(second / "medusa_heads.safetensors")
-    assert before.keys() == after.keys()
-    for name, tensor in before.items():
-        assert torch.equal(after[name], tensor), name
-    config = json.loads((second / "medusa_config.json").read_text())
+          "--head_vocab_size", "40", "--learning_rate", "1e-2", "--eval_fraction", "0.25"])  # fmt: skip
+    config_file = first / "medusa_config.json"
+    stale = {**json.loads(config_file.read_text()), "measured_top1": [9.0, 9.0], "extra": {"marker": 1}}
+    config_file.write_text(json.dumps(stale))
+
+    def warm(*extra: str) -> dict:
+        # No step size: the heads come out as they went in, to the bit, although the base is bfloat16.
+        main([*common, "--output_dir", str(second), "--max_steps", "1", "--learning_rate", "0", "--dtype", "bfloat16",
+              "--init_heads", str(first), *extra])  # fmt: skip
+        before = safetensors.torch.load_file(first / "medusa_heads.safetensors")
+        after = safetensors.torch.load_file(second / "medusa_heads.safetensors")
+        assert before.keys() == after.keys()
+        for name, tensor in before.items():
+            assert torch.equal(after[name], tensor), name
+        return json.loads((second / "medusa_config.json").read_text())
+
+    config = warm("--eval_fraction", "0.25")
     assert config["head_type"] == "recurrent" and config["num_heads"] == 2 and config["head_vocab_size"] == 40
-    assert config["extra"]["initialised_from"] == str(first) and len(config["measured_top1"]) == 2
     assert config["base_model_name_or_path"] == str(base_dir)
+    assert config["measured_top1"] != [9.0, 9.0] and len(config["measured_top1"]) == 2  # measured again
+    extra = config["extra"]
+    assert "marker" not in extra and extra["initialised_from"] == str(first) and "expected_tau" in extra
+    assert 0.0 < extra["head_vocab_coverage"] <= 1.0
+    assert extra["training_config"]["head_type"] == "recurrent" and extra["training_config"]["num_heads"] == 2
+    unmeasured = warm("--eval_fraction", "0")
+    assert unmeasured["measured_top1"] == [9.0, 9.0] and unmeasured["extra"]["measurements_from"] == str(first)
+
     with pytest.raises(ValueError, match="drop --num_heads, --head_vocab_size"):
         main([*common, "--output_dir", str(second), "--init_heads", str(first), "--num_heads", "3",
               "--head_vocab_size", "20"])  # fmt: skip
+    with pytest.raises(ValueError, match="is not a folder"):
+        main([*common, "--output_dir", str(second), "--init_heads", str(tmp_path / "missing")])
+    with pytest.raises(ValueError, match="no heads there"):
+        main([*common, "--output_dir", str(second), "--init_heads", str(base_dir)])
     (first / "base_adapter").mkdir()
     with pytest.raises(ValueError, match="trained with --lora"):
         main([*common, "--output_dir", str(second), "--init_heads", str(first)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from hf_specdec.bench.cli import add_bench_parser, run_bench
 from hf_specdec.demo import DEFAULT_PROMPTS, run_demo
 from hf_specdec.simulator.cli import add_simulate_parser, run_simulate
-from hf_specdec.training.topics import TOPICS, select_conversations
+from hf_specdec.topics import TOPICS, select_conversations
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -36,7 +37,7 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
         "--topic",
         action="append",
         choices=TOPICS,
-        help="keep only requests about this topic (repeat for several; see hf_specdec.training.topics)",
+        help="keep only requests about this topic (repeat for several; see hf_specdec.topics)",
     )
     data.add_argument(
         "--min-ascii", type=float, default=0.0, help="skip openings with a smaller share of ASCII (0.97: English)"
@@ -47,17 +48,28 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
 def _export_data(args: argparse.Namespace) -> int:
     from hf_specdec.bench.prompts import sharegpt_v3_conversations
 
-    records = sharegpt_v3_conversations()[args.skip :]
-    selected = select_conversations(
-        records, args.n, args.max_prompt_chars, args.topic, args.min_ascii, args.min_prompt_chars
-    )
+    def records() -> Iterator[dict]:  # read (seconds) only once the arguments are known to be good
+        yield from sharegpt_v3_conversations()[args.skip :]
+
+    try:
+        selected = select_conversations(
+            records(),
+            args.n,
+            args.max_prompt_chars,
+            args.topic,
+            args.min_ascii,
+            args.min_prompt_chars,
+        )
+    except ValueError as error:
+        raise SystemExit(f"hf-specdec data: {error}") from error
     written = 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as sink:
         for record in selected:
             sink.write(json.dumps(record) + "\n")
             written += 1
-    print(f"wrote {written} conversations to {args.out}")
+    short = f" (asked for {args.n}: no more conversations pass the filters)" if written < args.n else ""
+    print(f"wrote {written} conversations to {args.out}{short}")
     return 0
 
 

@@ -19,6 +19,7 @@ from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
+from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME, load_original
 from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.tree import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 from hf_specdec.validation import check_generation_config, output_vocab_size
@@ -106,18 +107,21 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
 
     @classmethod
     def from_pretrained(
-        cls, path_or_repo: str | Path, base_model: PreTrainedModel | None = None, **base_kwargs: Any
+        cls,
+        path_or_repo: str | Path,
+        base_model: PreTrainedModel | None = None,
+        heads_dtype: torch.dtype | None = None,
+        **base_kwargs: Any,
     ) -> MedusaForCausalLM:
         """Load heads from a folder or a Hub repository, and their base (from `config.base_model_name_or_path`
-        unless `base_model` is given; `base_kwargs` go to the base's `from_pretrained`).
+        unless `base_model` is given; `base_kwargs` go to the base's `from_pretrained`). The heads take the
+        base's dtype, or `heads_dtype` (float32 to train them further).
 
         The original Medusa release's format (`medusa_lm_head.pt` with a `config.json` holding
         `medusa_num_heads`) is read too.
         """
         directory = local_directory(path_or_repo)
-        if not (directory / CONFIG_NAME).exists() and (directory / "medusa_lm_head.pt").exists():
-            from hf_specdec.medusa.original import load_original
-
+        if not (directory / CONFIG_NAME).exists() and (directory / ORIGINAL_WEIGHTS_NAME).exists():
             config, state = load_original(directory)
         else:
             config = MedusaConfig.from_pretrained(directory)
@@ -138,12 +142,13 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             # Merged once at load: decoding then runs the plain base with the trained weights.
             base_model = PeftModel.from_pretrained(base_model, directory / ADAPTER_FOLDER).merge_and_unload()
         model = cls(base_model, config, token_ids=token_ids)
+        # Cast first: the weights are copied into parameters of the final dtype, rounded once at most.
+        model.heads.to(device=base_model.device, dtype=heads_dtype or base_model.dtype)
         missing, unexpected = model.heads.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(
                 f"The heads' weights do not match their config: missing {missing}, unexpected {unexpected}."
             )
-        model.heads.to(device=base_model.device, dtype=base_model.dtype)
         return model
 
     # Generation -------------------------------------------------------------------------------------------
@@ -335,13 +340,23 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
 
 
 def local_directory(path_or_repo: str | Path) -> Path:
-    """A folder of heads, or a Hub repository's files (downloaded once into the Hub cache)."""
+    """A folder of heads, or a Hub repository's files (downloaded once into the Hub cache).
+
+    Raises:
+        `ValueError`: when it is neither a folder nor a Hub repository that can be fetched.
+    """
     path = Path(path_or_repo)
     if path.is_dir():
         return path
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(str(path_or_repo)))
+    try:
+        return Path(snapshot_download(str(path_or_repo)))
+    except Exception as error:  # invalid id, missing repository, no network: one message for all
+        raise ValueError(
+            f"{path_or_repo} is not a folder, and fetching it as a Hub repository failed ({type(error).__name__}: "
+            f"{error}). Check the path, or the repository id and your connection."
+        ) from error
 
 
 def _model_card(config: MedusaConfig) -> str:

@@ -10,6 +10,8 @@ import torch
 
 from hf_specdec.medusa.config import MedusaConfig
 
+ORIGINAL_WEIGHTS_NAME = "medusa_lm_head.pt"
+
 
 def load_original(directory: Path) -> tuple[MedusaConfig, dict[str, torch.Tensor]]:
     """Convert an original Medusa checkpoint to this library's config and heads' state dict.
@@ -22,13 +24,13 @@ def load_original(directory: Path) -> tuple[MedusaConfig, dict[str, torch.Tensor
     if "medusa_num_heads" not in meta:
         raise ValueError(f"{directory / 'config.json'} has no `medusa_num_heads`: not an original Medusa checkpoint.")
     num_heads, num_layers = int(meta["medusa_num_heads"]), int(meta.get("medusa_num_layers", 1))
-    raw = torch.load(directory / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
+    raw = torch.load(directory / ORIGINAL_WEIGHTS_NAME, map_location="cpu", weights_only=True)
     state: dict[str, torch.Tensor] = {}
     pattern = re.compile(r"^(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)$")
     for key, tensor in raw.items():
         match = pattern.match(key)
         if match is None:
-            raise ValueError(f"Unexpected key {key!r} in medusa_lm_head.pt.")
+            raise ValueError(f"Unexpected key {key!r} in {ORIGINAL_WEIGHTS_NAME}.")
         head, layer, kind = int(match[1]), int(match[2]), match[3]
         if layer < num_layers:
             state[f"blocks.{head}.{layer}.linear.{kind}"] = tensor

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import datasets
 import torch
-from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
-from hf_specdec.medusa.model import ADAPTER_FOLDER, WEIGHTS_NAME, local_directory
+from hf_specdec.medusa.config import CONFIG_NAME
+from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory
+from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
@@ -117,6 +118,8 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     """Train heads as configured, save them to `training_args.output_dir`, and return the model."""
     base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
     drop_quantization_flags(base)  # GGUF-loaded bases are dense but flagged quantized; Trainer would refuse
+    # Trained heads are loaded before the data work (which can take hours), so a wrong path fails at once.
+    warm = None if config.init_heads is None else _warm_start(config.init_heads, base)
     output_dir = Path(training_args.output_dir)
     if config.self_distill:
         # One generation over every source: its replies are one data set.
@@ -140,8 +143,10 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         evaluation = datasets.concatenate_datasets([split["test"] for split in splits])
     else:
         train, evaluation = datasets.concatenate_datasets(parts), None
-    if config.init_heads is not None:
-        model = _warm_start(config.init_heads, base, train["labels"])
+    if warm is not None:
+        model = warm
+        if (token_ids := model.heads.token_ids) is not None:
+            model.config.extra["head_vocab_coverage"] = round(_coverage(train["labels"], base, token_ids), 4)
     else:
         model = _fresh_model(config, base, train["labels"])
     medusa_config = model.config
@@ -179,7 +184,11 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(medusa_config.num_heads)],
         )
         (output_dir / "eval_metrics.json").write_text(json.dumps(metrics, indent=2))
-    medusa_config.extra["training_config"] = asdict(config)
+    elif warm is not None:
+        medusa_config.extra["measurements_from"] = config.init_heads  # not measured again: no held-out data
+    trained = asdict(config)
+    trained.update({name: getattr(medusa_config, name) for name in _HEAD_SHAPE})  # from the checkpoint if warm
+    medusa_config.extra["training_config"] = trained
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     if training_args.push_to_hub:
@@ -253,23 +262,22 @@ def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: li
     return MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids)
 
 
-def _warm_start(init_heads: str, base: PreTrainedModel, labels: list[list[int]]) -> MedusaForCausalLM:
-    """Trained heads on `base`, to train further (in float32, as saved; loading alone casts to the base's
-    dtype). Their tree and accuracies stay until the new evaluation replaces them."""
+def _warm_start(init_heads: str, base: PreTrainedModel) -> MedusaForCausalLM:
+    """Trained heads on `base`, in float32 to train further. Their tree and accuracies stay until a new
+    evaluation replaces them."""
     directory = local_directory(init_heads)
+    if not ((directory / CONFIG_NAME).exists() or (directory / ORIGINAL_WEIGHTS_NAME).exists()):
+        raise ValueError(
+            f"--init_heads {init_heads}: no heads there (this library's {CONFIG_NAME}, or the original Medusa "
+            f"release's {ORIGINAL_WEIGHTS_NAME}). Pass the output folder of an earlier run."
+        )
     if (directory / ADAPTER_FOLDER).exists():
         raise ValueError(
-            f"{init_heads} was trained with --lora: its base adapters change the base's hidden states. Train fresh "
-            "heads, or merge the adapters into a base of your own and pass that as --base."
+            f"--init_heads {init_heads} was trained with --lora: its base adapters change the base's hidden "
+            "states. Train fresh heads, or merge the adapters into a copy of the base and pass that as --base."
         )
-    model = MedusaForCausalLM.from_pretrained(directory, base_model=base)
-    if (directory / WEIGHTS_NAME).exists():
-        model.heads.float().load_state_dict(load_file(directory / WEIGHTS_NAME))
-    config = model.config
-    config.extra = {"initialised_from": str(init_heads)}
-    if (token_ids := model.heads.token_ids) is not None:
-        counts = count_tokens(labels, output_vocab_size(base))
-        config.extra["head_vocab_coverage"] = round(float(counts[token_ids.cpu()].sum() / counts.sum().clamp_min(1)), 4)
+    model = MedusaForCausalLM.from_pretrained(directory, base_model=base, heads_dtype=torch.float32)
+    model.config.extra = {"initialised_from": str(init_heads)}
     return model
 
 
@@ -277,4 +285,13 @@ def _draft_vocabulary(labels: list[list[int]], base: PreTrainedModel, size: int)
     """The `size` most frequent label tokens (end-of-sequence ids always in), and the share of labels they hold."""
     counts = count_tokens(labels, output_vocab_size(base))
     token_ids = frequent_tokens(counts, size, eos_token_ids(base))
-    return token_ids, float(counts[token_ids].sum() / counts.sum().clamp_min(1))
+    return token_ids, _share(counts, token_ids)
+
+
+def _coverage(labels: list[list[int]], base: PreTrainedModel, token_ids: torch.Tensor) -> float:
+    """The share of labels that are among `token_ids`."""
+    return _share(count_tokens(labels, output_vocab_size(base)), token_ids.cpu())
+
+
+def _share(counts: torch.Tensor, token_ids: torch.Tensor) -> float:
+    return float(counts[token_ids].sum() / counts.sum().clamp_min(1))

@@ -2,8 +2,8 @@
 
 Heads learn the base's continuations of the text they are trained on; heads trained on general chat guess
 less well inside code and arithmetic, where a code model spends most of its tokens. These patterns sort
-the opening request of a conversation into `maths` (numbers, calculations, word problems), `code`
-(languages, programs, libraries) or neither. They are coarse on purpose: a request that mentions a
+the opening request of a conversation into `maths` (calculations, word problems, arithmetic written out),
+`code` (languages, programs, libraries) or neither. They are coarse on purpose: a request that mentions a
 calculation counts as maths even when it also asks for a program.
 """
 
@@ -13,13 +13,15 @@ import re
 from collections.abc import Iterable, Iterator
 
 _MATHS = re.compile(
-    r"\b(calculate|solve|how many|how much|equation|probability|percent|percentage|average|total cost|sum of|"
-    r"math|integral|derivative|prove)\b|\d+\s*[-+*/x×]\s*\d+",
+    r"\b(calculate|solve|how many|how much|equations?|probability|percent|percentage|average|total cost|sum of|"
+    r"maths?|mathematics|mathematical|integral|derivative|prove)\b"
+    r"|\d+\s*[+*/×÷=]\s*\d+",  # arithmetic written out; not "-" (dates, ranges) nor "x" (sizes)
     re.IGNORECASE,
 )
 _CODE = re.compile(
-    r"```|\b(python|javascript|typescript|function|code|script|sql|java|c\+\+|c#|golang|rust|algorithm|regex|"
-    r"implement|bash|html|css|react|api|class|array|list|string|dataframe|pandas)\b",
+    r"```|(?<![\w+#])(c\+\+|c#)(?![\w+#])"
+    r"|\b(python|javascript|typescript|function|code|script|sql|java|golang|rust|algorithm|regex|implement|bash|"
+    r"html|css|react|api|array|dataframe|pandas|program|programming)\b",
     re.IGNORECASE,
 )
 TOPICS = ("maths", "code")
@@ -45,27 +47,39 @@ def select_conversations(
     """The first `n` ShareGPT records (`{"id", "conversations"}`) that open with a human turn of
     `min_prompt_chars` to `max_prompt_chars` characters, in one of `topics` (any when `None`), with at least
     a `min_ascii` share of ASCII characters (0.97 keeps mostly English requests); each cut to its first
-    exchange.
+    exchange. The arguments are checked at once; records are read as the result is.
 
     Raises:
-        `ValueError`: for an unknown topic.
+        `ValueError`: for an unknown topic, `n` below 1, an empty length range or `min_ascii` outside [0, 1].
     """
     wanted = None if topics is None else set(topics)
     if wanted is not None and (unknown := wanted - set(TOPICS)):
         raise ValueError(f"Unknown topics {sorted(unknown)}; choose from {list(TOPICS)}.")
+    if n < 1:
+        raise ValueError(f"Ask for at least one conversation, got n={n}.")
+    if min_prompt_chars > max_prompt_chars:
+        raise ValueError(f"No opening is {min_prompt_chars} to {max_prompt_chars} characters long: swap them.")
+    if not 0.0 <= min_ascii <= 1.0:
+        raise ValueError(f"min_ascii is a share of characters, in [0, 1]; got {min_ascii}.")
+    return _select(records, n, max_prompt_chars, wanted, min_ascii, min_prompt_chars)
+
+
+def _select(
+    records: Iterable[dict], n: int, max_chars: int, wanted: set[str] | None, min_ascii: float, min_chars: int
+) -> Iterator[dict]:
     written = 0
     for record in records:
-        if written == n:
-            return
         turns = record.get("conversations") or []
         if len(turns) < 2 or turns[0].get("from") != "human":
             continue
         opening = turns[0].get("value", "")
-        if not min_prompt_chars <= len(opening) <= max_prompt_chars:
+        if not min_chars <= len(opening) <= max_chars:
             continue
         if sum(c.isascii() for c in opening) < min_ascii * len(opening):
             continue
         if wanted is not None and topic_of(opening) not in wanted:
             continue
-        written += 1
         yield {"id": record.get("id"), "conversations": turns[:2]}
+        written += 1
+        if written == n:
+            return
