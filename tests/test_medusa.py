@@ -86,6 +86,9 @@ def test_save_and_load_round_trip(tmp_path) -> None:
     for (name, a), (_, b) in zip(model.heads.state_dict().items(), reloaded.heads.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert reloaded.default_tree().choices == ((0,), (1,), (0, 0))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no heads there"):
+        MedusaForCausalLM.from_pretrained(tmp_path / "empty", base_model=base)
     ids, mask = ragged_batch(2)
     assert torch.equal(_generate(reloaded, ids, mask, medusa=True), _generate(base, ids, mask))
 

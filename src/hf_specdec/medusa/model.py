@@ -121,11 +121,16 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         `medusa_num_heads`) is read too.
         """
         directory = local_directory(path_or_repo)
-        if not (directory / CONFIG_NAME).exists() and (directory / ORIGINAL_WEIGHTS_NAME).exists():
-            config, state = load_original(directory)
-        else:
+        if (directory / CONFIG_NAME).exists():
             config = MedusaConfig.from_pretrained(directory)
             state = load_file(directory / WEIGHTS_NAME)
+        elif (directory / ORIGINAL_WEIGHTS_NAME).exists():
+            config, state = load_original(directory)
+        else:
+            raise ValueError(
+                f"{path_or_repo}: no heads there (this library's {CONFIG_NAME}, or the original Medusa release's "
+                f"{ORIGINAL_WEIGHTS_NAME}). Pass a folder written by `save_pretrained` or a recipe run."
+            )
         if base_model is None:
             if not config.base_model_name_or_path:
                 raise ValueError("The heads' config names no base model: pass `base_model=`.")

@@ -13,9 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
-from hf_specdec.medusa.config import CONFIG_NAME
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory
-from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
@@ -152,7 +150,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
     medusa_config = model.config
     medusa_config.base_model_name_or_path = config.base
     model.freeze_base()
-    model.heads.float()  # heads train in float32 whatever the base's dtype; loading casts them to the base's
+    model.heads.float()  # heads train in float32 whatever the base's dtype (fresh ones take the base's)
     if config.lora:
         from peft import LoraConfig, get_peft_model
 
@@ -266,11 +264,6 @@ def _warm_start(init_heads: str, base: PreTrainedModel) -> MedusaForCausalLM:
     """Trained heads on `base`, in float32 to train further. Their tree and accuracies stay until a new
     evaluation replaces them."""
     directory = local_directory(init_heads)
-    if not ((directory / CONFIG_NAME).exists() or (directory / ORIGINAL_WEIGHTS_NAME).exists()):
-        raise ValueError(
-            f"--init_heads {init_heads}: no heads there (this library's {CONFIG_NAME}, or the original Medusa "
-            f"release's {ORIGINAL_WEIGHTS_NAME}). Pass the output folder of an earlier run."
-        )
     if (directory / ADAPTER_FOLDER).exists():
         raise ValueError(
             f"--init_heads {init_heads} was trained with --lora: its base adapters change the base's hidden "
