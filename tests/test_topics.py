@@ -63,6 +63,8 @@ def test_select_conversations_filters_in_order_and_cuts_to_the_first_exchange() 
     assert [r["id"] for r in longer] == ["code-1", "code-french", "code-2"]
     both = select_conversations(records, n=2, max_prompt_chars=40, topics=["code", "maths"])
     assert [r["id"] for r in both] == ["code-1", "maths-1"]
+    neither = select_conversations(records, n=10, max_prompt_chars=40, topics=["other"])
+    assert [r["id"] for r in neither] == ["chat"]
     anything = select_conversations(records, n=3, max_prompt_chars=1000)
     assert [r["id"] for r in anything] == ["chat", "code-1", "code-too-long"]
 

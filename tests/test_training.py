@@ -361,6 +361,33 @@ def test_self_distillation_keeps_the_hidden_states_a_forward_would_give(tmp_path
     assert again["input_ids"] == data["input_ids"]
 
 
+def test_self_distillation_batches_prompts_of_similar_length(tmp_path: Path, monkeypatch) -> None:
+    base, tokenizer = tiny_model("llama", seed=0), tiny_tokenizer()
+    words = [1, 30, 2, 25, 3, 20]  # corpus order alternates short and long openings
+    records = datasets.Dataset.from_list(
+        [{"messages": [{"role": "user", "content": " ".join(["word"] * n)}]} for n in words]
+    )
+    generate, widths = base.generate, []
+
+    def recording(**kwargs):
+        mask = kwargs["attention_mask"]
+        widths.append((mask.shape[1], int((mask == 0).sum())))
+        return generate(**kwargs)
+
+    monkeypatch.setattr(base, "generate", recording)
+    out = self_distill(base, tokenizer, records, tmp_path / "sd.jsonl", max_new_tokens=2, batch_size=2)
+    assert sorted(out["id"]) == list(range(6))  # every record once, whatever the order
+    assert [w for w, _ in widths] == sorted((w for w, _ in widths), reverse=True)  # longest first
+    texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in records]
+    lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    # each batch pads only to its neighbour in length: 30+25 words, 20+3, 2+1 (in corpus order: 29+28+...)
+    expected = sum(lengths[i + 1] - lengths[i] for i in range(0, 6, 2))
+    assert sum(padding for _, padding in widths) == expected
+    widths.clear()
+    self_distill_with_states(base, tokenizer, records, tmp_path / "states", max_new_tokens=2, batch_size=2)
+    assert sum(padding for _, padding in widths) == expected
+
+
 def test_base_labels_by_hand() -> None:
     labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 7, 8, 9]])
     predictions = torch.tensor([[1, 2, 3, 4, 5]])  # the base's argmax at each position: its next-token guess

@@ -37,7 +37,7 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
         "--topic",
         action="append",
         choices=TOPICS,
-        help="keep only requests about this topic (repeat for several; see hf_specdec.topics)",
+        help="keep only requests about this topic, other: neither (repeat for several; see hf_specdec.topics)",
     )
     data.add_argument(
         "--min-ascii", type=float, default=0.0, help="skip openings with a smaller share of ASCII (0.97: English)"

@@ -3,8 +3,8 @@
 Heads learn the base's continuations of the text they are trained on; heads trained on general chat guess
 less well inside code and arithmetic, where a code model spends most of its tokens. These patterns sort
 the opening request of a conversation into `maths` (calculations, word problems, arithmetic written out),
-`code` (languages, programs, libraries) or neither. They are coarse on purpose: a request that mentions a
-calculation counts as maths even when it also asks for a program.
+`code` (languages, programs, libraries) or `other` (neither: general chat). They are coarse on purpose: a
+request that mentions a calculation counts as maths even when it also asks for a program.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _CODE = re.compile(
     r"html|css|react|api|array|dataframe|pandas|program|programming)\b",
     re.IGNORECASE,
 )
-TOPICS = ("maths", "code")
+TOPICS = ("maths", "code", "other")
 
 
 def topic_of(text: str) -> str | None:
@@ -45,7 +45,8 @@ def select_conversations(
     min_prompt_chars: int = 0,
 ) -> Iterator[dict]:
     """The first `n` ShareGPT records (`{"id", "conversations"}`) that open with a human turn of
-    `min_prompt_chars` to `max_prompt_chars` characters, in one of `topics` (any when `None`), with at least
+    `min_prompt_chars` to `max_prompt_chars` characters, in one of `topics` (`maths`, `code`, `other` for neither;
+    any when `None`), with at least
     a `min_ascii` share of ASCII characters (0.97 keeps mostly English requests); each cut to its first
     exchange. The arguments are checked at once; records are read as the result is.
 
@@ -77,7 +78,7 @@ def _select(
             continue
         if sum(c.isascii() for c in opening) < min_ascii * len(opening):
             continue
-        if wanted is not None and topic_of(opening) not in wanted:
+        if wanted is not None and (topic_of(opening) or "other") not in wanted:
             continue
         yield {"id": record.get("id"), "conversations": turns[:2]}
         written += 1
