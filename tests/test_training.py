@@ -376,16 +376,19 @@ def test_self_distillation_batches_prompts_of_similar_length(tmp_path: Path, mon
 
     monkeypatch.setattr(base, "generate", recording)
     out = self_distill(base, tokenizer, records, tmp_path / "sd.jsonl", max_new_tokens=2, batch_size=2)
-    assert sorted(out["id"]) == list(range(6))  # every record once, whatever the order
+    assert out["id"] == list(range(6))  # every record once, given back in corpus order
     assert [w for w, _ in widths] == sorted((w for w, _ in widths), reverse=True)  # longest first
     texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in records]
     lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
     # each batch pads only to its neighbour in length: 30+25 words, 20+3, 2+1 (in corpus order: 29+28+...)
     expected = sum(lengths[i + 1] - lengths[i] for i in range(0, 6, 2))
     assert sum(padding for _, padding in widths) == expected
+    assert [len(m[0]["content"].split()) for m in out["messages"]] == words  # each reply with its own prompt
     widths.clear()
-    self_distill_with_states(base, tokenizer, records, tmp_path / "states", max_new_tokens=2, batch_size=2)
+    data = self_distill_with_states(base, tokenizer, records, tmp_path / "states", max_new_tokens=2, batch_size=2)
     assert sum(padding for _, padding in widths) == expected
+    prompt_lengths = [sum(label == IGNORE_INDEX for label in row) for row in data["labels"]]
+    assert prompt_lengths == [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]  # corpus order
 
 
 def test_base_labels_by_hand() -> None:

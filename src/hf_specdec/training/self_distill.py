@@ -41,7 +41,8 @@ def by_prompt_length(
 ) -> list[tuple[int, list[dict[str, str]]]]:
     """`(index, prompt)` pairs, longest rendered prompt first, so a batch pads to prompts of about its own rows'
     length: prefill costs what its padded tokens cost, and in a batch of 32 ShareGPT openings in corpus order
-    two thirds of them are padding. Longest first also finds a batch too big for memory at once."""
+    nearly three quarters of them are padding. Longest first also finds a batch too big for memory at once.
+    Callers give the results back in corpus order."""
     texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for _, m in todo]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
     order = sorted(range(len(todo)), key=lambda i: (-lengths[i], todo[i][0]))
@@ -102,7 +103,8 @@ def self_distill(
                 sink.flush()
     finally:
         tokenizer.padding_side = padding_side
-    return datasets.load_dataset("json", data_files=str(output_file), split="train")
+    # In corpus order whatever order the batches ran in, so a data split by position is the same as ever.
+    return datasets.load_dataset("json", data_files=str(output_file), split="train").sort("id")
 
 
 @torch.no_grad()
@@ -166,7 +168,9 @@ def self_distill_with_states(
             shards.append(datasets.load_from_disk(str(shard)))
     finally:
         tokenizer.padding_side = padding_side
-    return datasets.concatenate_datasets(shards)
+    # Back in corpus order (the shards follow prompt length), so a data split by position is the same as ever.
+    generated = [index for index, _ in todo]
+    return datasets.concatenate_datasets(shards).select(sorted(range(len(todo)), key=generated.__getitem__))
 
 
 def _rows_with_states(
