@@ -46,9 +46,8 @@ def select_conversations(
 ) -> Iterator[dict]:
     """The first `n` ShareGPT records (`{"id", "conversations"}`) that open with a human turn of
     `min_prompt_chars` to `max_prompt_chars` characters, in one of `topics` (`maths`, `code`, `other` for neither;
-    any when `None`), with at least
-    a `min_ascii` share of ASCII characters (0.97 keeps mostly English requests); each cut to its first
-    exchange. The arguments are checked at once; records are read as the result is.
+    any when `None`), with at least a `min_ascii` share of ASCII characters (0.97 keeps mostly English requests);
+    each cut to its first exchange. The arguments are checked at once; records are read as the result is.
 
     Raises:
         `ValueError`: for an unknown topic, `n` below 1, an empty length range or `min_ascii` outside [0, 1].

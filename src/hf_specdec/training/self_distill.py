@@ -36,6 +36,11 @@ def prompt_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
     return prompt if any(m["role"] == "user" for m in prompt) else None
 
 
+def _prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    """A prompt rendered with the chat template, up to the assistant's turn."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def by_prompt_length(
     tokenizer: PreTrainedTokenizerBase, todo: list[tuple[int, list[dict[str, str]]]]
 ) -> list[tuple[int, list[dict[str, str]]]]:
@@ -43,7 +48,7 @@ def by_prompt_length(
     length: prefill costs what its padded tokens cost, and in a batch of 32 ShareGPT openings in corpus order
     nearly three quarters of them are padding. Longest first also finds a batch too big for memory at once.
     Callers give the results back in corpus order."""
-    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for _, m in todo]
+    texts = [_prompt_text(tokenizer, m) for _, m in todo]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
     order = sorted(range(len(todo)), key=lambda i: (-lengths[i], todo[i][0]))
     return [todo[i] for i in order]
@@ -54,7 +59,7 @@ def _prompt_batch(
 ) -> BatchEncoding:
     """Prompts rendered with the chat template up to the assistant's turn, left-padded (the caller sets
     the tokenizer's padding side)."""
-    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
+    texts = [_prompt_text(tokenizer, m) for m in prompts]
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
 
 
