@@ -8,6 +8,7 @@ batch runs its own acceptance; finished rows leave the batch.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,10 @@ from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
 from hf_specdec.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
-from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.processing import RaggedLogitsProcessor, verification_scores
+from hf_specdec.row_trees import RowTrees
 from hf_specdec.sequences import TokenBuffer
+from hf_specdec.validation import check_generation_config
 
 
 def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -94,6 +97,9 @@ def speculative_decode(
     """
     if assistant is None and prompt_lookup is None:
         raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
+    check_generation_config(
+        generation_config, per_token_scores=True, path="`assistant=`" if assistant is not None else "prompt lookup"
+    )
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     input_device, device = input_ids.device, model.device
@@ -114,7 +120,7 @@ def speculative_decode(
     target = CachedSequence(model, input_ids.shape[0], device)
     prompt_structure = chain_structure(input_ids.shape[1], device)
     logits = target.forward(input_ids, valid, positions, prompt_structure, logits_to_keep=1).logits[:, -1:].float()
-    scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
+    scores = processors(buffer, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
     first = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     drafter: Drafter
     if assistant is None:
@@ -172,6 +178,8 @@ def finish(
     pad = generation_config._pad_token_tensor
     sequences = buffer.sequences(int(pad) if pad is not None else 0).to(device)
     if generation_config.return_dict_in_generate:
+        if recorder is not None:
+            recorder.trim(buffer.lengths - buffer.prompt_length)
         scores = recorder.scores() if recorder is not None else None
         logits = recorder.logits() if recorder is not None else None
         return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculative=stats)
@@ -209,7 +217,10 @@ def _step(
     verify_positions = verify_positions.clamp_max(buffer.max_length - 1)  # past it nothing can be kept
     every = torch.ones_like(verify_ids, dtype=torch.bool)
     logits = target.forward(verify_ids, every, verify_positions, chain_structure(k + 1, device)).logits.float()
-    scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)  # (A, k+1, V)
+    chain = RowTrees.chain(k + 1, device).expand(verify_ids.shape[0])
+    if proposal.lengths is not None:  # a row's filler after its own drafts is never accepted
+        chain = dataclasses.replace(chain, real=chain.depths <= proposal.lengths[:, None])
+    scores = verification_scores(processors, buffer, verify_ids, logits, chain, do_sample)  # (A, k+1, V)
 
     # Accept: the longest prefix the target agrees with, then one token of the target's own.
     if not do_sample:

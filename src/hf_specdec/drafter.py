@@ -56,6 +56,10 @@ class DraftModelDrafter:
         self._projection: tuple[torch.Tensor, torch.Tensor | None] | None = None
         if token_ids is not None:
             self.token_ids, self._projection = _restricted_head(model, token_ids, target_vocab_size)
+        # Ids past the draft's embedding matrix (a target whose matrices are padded to more rows than the
+        # draft's) are never drafted, and are fed to the draft as id 0: it drafts from a context it misreads
+        # there, which verification makes up for.
+        self.num_embeddings = int(model.get_input_embeddings().weight.shape[0])
         self.processors = processors
         self.do_sample = do_sample
         self.generator = generator
@@ -74,7 +78,7 @@ class DraftModelDrafter:
         runner = self.model if self.token_ids is None else self.model.get_decoder()
         self.seq = CachedSequence(runner, input_ids.shape[0], self.device)
         self.seq.forward(
-            input_ids.to(self.device),
+            self._embeddable(input_ids.to(self.device)),
             valid.to(self.device),
             positions.to(self.device),
             chain_structure(input_ids.shape[1], self.device),
@@ -99,8 +103,16 @@ class DraftModelDrafter:
         logits = restricted.new_full((restricted.shape[0], self.target_vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.token_ids.to(last.device), restricted)[:, None]  # (A, 1, V)
 
+    def _embeddable(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` with those the draft has no embedding for replaced by 0."""
+        return ids.masked_fill(ids >= self.num_embeddings, 0)
+
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Cut or pad draft logits `(..., vocab_draft)` to the target's vocabulary size."""
+        """Cut or pad draft logits `(..., vocab_draft)` to the target's vocabulary size, -inf for the ids the
+        draft could not read back."""
+        if logits.shape[-1] > self.num_embeddings:
+            logits = logits.clone()
+            logits[..., self.num_embeddings :] = float("-inf")
         vocab = logits.shape[-1]
         if vocab > self.target_vocab_size:
             return logits[..., : self.target_vocab_size]
@@ -142,9 +154,11 @@ class DraftModelDrafter:
         self._fed = width
         policy.start_step()
         for j in range(num_tokens):
-            outputs = self.seq.forward(ids, valid, positions, chain_structure(ids.shape[1], self.device), 1)
+            outputs = self.seq.forward(
+                self._embeddable(ids), valid, positions, chain_structure(ids.shape[1], self.device), 1
+            )
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
-            scores = self.processors(buffer.tokens, buffer.active, buffer.active_lengths + j, logits)[:, 0]
+            scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, logits)[:, 0]
             # Processors may rule out every token the draft can propose (constrained generation with a draft
             # vocabulary, or ids past a smaller draft vocabulary): such a row drafts from the uniform
             # distribution instead, which verification handles like any other q.

@@ -9,19 +9,26 @@ public `custom_generate` hook.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList
-from transformers.generation.stopping_criteria import StopStringCriteria
+from transformers import GenerationConfig, PreTrainedModel
 
+from hf_specdec.arguments import (
+    LOOKUP_SETTINGS,
+    LookupSettings,
+    lookup_settings,
+    passed,
+    requested,
+    with_stop_strings,
+    withhold,
+)
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE, PromptLookupDrafter
-from hf_specdec.validation import check_generation_config, check_models, output_vocab_size
+from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.validation import check_models, output_vocab_size
 from hf_specdec.vocab import check_token_ids
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
@@ -67,7 +74,7 @@ class SpeculativeGenerationMixin:
         assistant_vocab: torch.Tensor | Sequence[int] | None = None,
         **kwargs: Any,
     ) -> Any:
-        lookup_tokens = _requested("prompt_lookup_num_tokens", generation_config or self.generation_config, kwargs)  # type: ignore[attr-defined]
+        lookup_tokens = requested(self, generation_config, kwargs, "prompt_lookup_num_tokens")  # type: ignore[arg-type]
         if assistant is None and assistant_vocab is not None:
             raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
         if assistant is None and lookup_tokens is None:
@@ -75,39 +82,25 @@ class SpeculativeGenerationMixin:
         if args:
             raise TypeError("Pass generate()'s arguments after `generation_config` by keyword with `assistant=`.")
         self._check_speculative_kwargs(kwargs)
-        tokenizer = kwargs.pop("tokenizer", None)
-        assistant_tokenizer = kwargs.pop("assistant_tokenizer", None)
         if assistant is not None:
-            check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
+            check_models(self, assistant, kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None))  # type: ignore[arg-type]
         if assistant_vocab is not None:
             assert assistant is not None
             assistant_vocab = check_token_ids(
                 torch.as_tensor(assistant_vocab),
-                min(output_vocab_size(self), output_vocab_size(assistant)),
+                min(output_vocab_size(self), output_vocab_size(assistant)),  # type: ignore[arg-type]
                 "`assistant_vocab`",
             )
-        config, kwargs, lookup = self._resolve_config(generation_config, kwargs, draft_model=assistant is not None)
-        schedule = _pick(config.num_assistant_tokens_schedule, DEFAULT_SCHEDULE)
+        lookup = lookup_settings(self, generation_config, kwargs)  # type: ignore[arg-type]
+        schedule = _pick(requested(self, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)  # type: ignore[arg-type]
+        policy = self._draft_length_policy(generation_config, kwargs, assistant, lookup, schedule)
         prompt_lookup = None
         if lookup is not None:
-            if assistant is None and schedule == "heuristic":
-                raise ValueError(
-                    "num_assistant_tokens_schedule='heuristic' follows a draft model's acceptance; prompt lookup takes "
-                    "'adaptive' (default) or 'constant'."
-                )
-            prompt_lookup = PromptLookupDrafter(*lookup, adaptive=schedule != "constant")
-        if assistant is None:
-            assert lookup is not None
-            # The loop's policy only measures costs here: there is no draft forward to pay for (c = 0).
-            policy = DraftLengthPolicy(num_tokens=lookup[0], schedule="constant", cost_ratio=0.0)
-        else:
-            policy = DraftLengthPolicy(
-                num_tokens=_pick(config.num_assistant_tokens, DEFAULT_NUM_ASSISTANT_TOKENS),
-                schedule=schedule,
-                confidence_threshold=_pick(config.assistant_confidence_threshold, DEFAULT_CONFIDENCE_THRESHOLD),
-                cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
+            prompt_lookup = PromptLookupDrafter(
+                lookup.num_tokens, lookup.max_ngram_size, adaptive=schedule != "constant"
             )
-        kwargs["stopping_criteria"] = _stop_string_criteria(config, kwargs.get("stopping_criteria"), tokenizer)
+        generation_config, kwargs = withhold(self, generation_config, kwargs, LOOKUP_SETTINGS)  # type: ignore[arg-type]
+        generation_config, kwargs = with_stop_strings(self, generation_config, kwargs)  # type: ignore[arg-type]
         decode = functools.partial(
             speculative_decode,
             assistant=assistant,
@@ -116,7 +109,43 @@ class SpeculativeGenerationMixin:
             assistant_vocab=assistant_vocab,
             streamer=kwargs.get("streamer"),
         )
-        return super().generate(inputs, generation_config=config, custom_generate=decode, **kwargs)  # type: ignore[misc]
+        return super().generate(inputs, generation_config, custom_generate=decode, **kwargs)  # type: ignore[misc]
+
+    def _draft_length_policy(
+        self,
+        generation_config: GenerationConfig | None,
+        kwargs: dict[str, Any],
+        assistant: PreTrainedModel | None,
+        lookup: LookupSettings | None,
+        schedule: str,
+    ) -> DraftLengthPolicy:
+        """The draft model's length schedule from `num_assistant_tokens*` and `assistant_confidence_threshold`
+        (our measured defaults where unset). Without a draft model the loop's policy only measures costs (there
+        is no draft forward to pay for, c = 0), and the draft model's settings are refused."""
+        if assistant is None:
+            for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
+                if passed(generation_config, kwargs, name):
+                    raise ValueError(
+                        f"`{name}` tunes the draft model of `assistant=`; prompt lookup drafts up to "
+                        "`prompt_lookup_num_tokens` tokens per step. Drop it."
+                    )
+            if schedule == "heuristic":
+                raise ValueError(
+                    "num_assistant_tokens_schedule='heuristic' follows a draft model's acceptance; prompt lookup "
+                    "takes 'adaptive' (default) or 'constant'."
+                )
+            assert lookup is not None
+            return DraftLengthPolicy(num_tokens=lookup.num_tokens, schedule="constant", cost_ratio=0.0)
+
+        def setting(name: str) -> Any:
+            return requested(self, generation_config, kwargs, name)  # type: ignore[arg-type]
+
+        return DraftLengthPolicy(
+            num_tokens=_pick(setting("num_assistant_tokens"), DEFAULT_NUM_ASSISTANT_TOKENS),
+            schedule=schedule,
+            confidence_threshold=_pick(setting("assistant_confidence_threshold"), DEFAULT_CONFIDENCE_THRESHOLD),
+            cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
+        )
 
     @staticmethod
     def _check_speculative_kwargs(kwargs: dict[str, Any]) -> None:
@@ -137,63 +166,10 @@ class SpeculativeGenerationMixin:
                     "own caches for the target and the draft."
                 )
 
-    def _resolve_config(
-        self, generation_config: GenerationConfig | None, kwargs: dict[str, Any], draft_model: bool
-    ) -> tuple[GenerationConfig, dict[str, Any], tuple[int, int] | None]:
-        """Merge `generate()`'s keyword arguments into a copy of the generation config and validate it.
-
-        `draft_model`: whether a draft model drafts (`assistant=`); without one, its settings are refused.
-
-        Returns the config (without the prompt lookup settings), the keyword arguments that are not generation
-        settings (model inputs, processors, streamer, ...), and `(prompt_lookup_num_tokens,
-        max_matching_ngram_size)` when prompt lookup drafts (else `None`)."""
-        config = copy.deepcopy(generation_config if generation_config is not None else self.generation_config)
-        rest = config.update(**kwargs)
-        if not draft_model:
-            for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
-                if getattr(config, name, None) is not None:
-                    raise ValueError(
-                        f"`{name}` tunes the draft model of `assistant=`; prompt lookup drafts up to "
-                        "`prompt_lookup_num_tokens` tokens per step. Drop it."
-                    )
-        num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
-        config.prompt_lookup_num_tokens = config.max_matching_ngram_size = None
-        path = "prompt lookup" if not draft_model else "`assistant=`"
-        check_generation_config(config, per_token_scores=True, path=path)
-        if num_tokens is None:
-            if ngram_size is not None:
-                raise ValueError(
-                    "`max_matching_ngram_size` sets how prompt lookup matches; pass `prompt_lookup_num_tokens` too."
-                )
-            return config, rest, None
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise ValueError(f"prompt_lookup_num_tokens must be a positive integer, got {num_tokens!r}.")
-        return config, rest, (num_tokens, _pick(ngram_size, DEFAULT_MAX_MATCHING_NGRAM_SIZE))
-
-
-def _requested(name: str, generation_config: GenerationConfig, kwargs: dict[str, Any]) -> Any:
-    """A generation setting as `generate()` will see it: from its keyword arguments, else from the config."""
-    return kwargs[name] if name in kwargs else getattr(generation_config, name, None)
-
 
 def _pick(value: Any, default: Any) -> Any:
     """A speculative setting from the user's generation config or `generate()` kwargs, else our default."""
     return default if value is None else value
-
-
-def _stop_string_criteria(
-    config: GenerationConfig, criteria: StoppingCriteriaList | None, tokenizer: Any
-) -> StoppingCriteriaList | None:
-    """Build `stop_strings` criteria here: the custom decoding hook does not receive `tokenizer`."""
-    stop_strings = config.stop_strings
-    config.stop_strings = None
-    if not stop_strings:
-        return criteria
-    if tokenizer is None:
-        raise ValueError("`stop_strings` needs `tokenizer=` to be passed to `generate()` as well.")
-    criteria = StoppingCriteriaList(criteria or [])
-    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
-    return criteria
 
 
 def _parameter_share(draft: PreTrainedModel, target: PreTrainedModel) -> float:

@@ -121,6 +121,13 @@ class ScoreRecorder:
             if self.keep_logits:
                 self._logits[row].extend(logits[i, :count].unbind(0))
 
+    def trim(self, counts: torch.Tensor) -> None:
+        """Keep row b's first `counts[b]` positions (rows cut back to where all rows stopped, see
+        `TokenBuffer`)."""
+        for row, count in enumerate(counts.tolist()):
+            del self._scores[row][count:]
+            del self._logits[row][count:]
+
     @staticmethod
     def _assemble(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
         length = max(len(r) for r in per_row)

@@ -84,6 +84,17 @@ class RowTrees:
         return cls(parents, depths, ancestors, paths, children, real)
 
     @classmethod
+    def chain(cls, num_nodes: int, device: torch.device | str = "cpu") -> RowTrees:
+        """A chain of `num_nodes` nodes (the root, then one drafted token after another), with a batch
+        dimension of one (see [`expand`])."""
+        nodes = torch.arange(num_nodes, device=device)
+        paths = torch.where(nodes[None, :] <= nodes[:, None], nodes[None, :], -1)  # (N, N): node i's path
+        children = torch.where(nodes + 1 < num_nodes, nodes + 1, -1)[:, None]  # (N, 1)
+        ancestors = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=device).tril()
+        real = torch.ones(num_nodes, dtype=torch.bool, device=device)
+        return cls(nodes[None] - 1, nodes[None], ancestors[None], paths[None], children[None], real[None])
+
+    @classmethod
     def from_tree(cls, tree: DraftTree, device: torch.device | str = "cpu") -> RowTrees:
         """A static tree's structure, with a batch dimension of one (see [`expand`])."""
         return cls.from_parents(tree.parents[None].to(device))

@@ -3,6 +3,11 @@
 Rows commit different numbers of tokens per step. Each row's tokens are kept left-aligned in one buffer,
 exactly as plain `generate()` would have them (prompt with its left padding, then generated tokens), so
 logits processors and stopping criteria see the same prefixes they would see in plain decoding.
+
+When a row stops follows plain `generate()`: with an EOS id (an EOS stopping criterion), a row that stops, by
+EOS or by any stopping criterion, is padded from there on. Without one, plain decoding keeps extending every
+row until all of them have stopped (a stopped row is not padded), so all rows end at the same length: the
+length at which the last row stopped.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class TokenBuffer:
             eos.append(generation_config._eos_token_tensor.reshape(-1))
         eos_token_ids = torch.cat(eos).to(input_ids.device).unique() if eos else None
         self.prompt_length = prompt
-        self.max_length = max_length
+        self.max_length = max_length  # lowered when every row has stopped without an EOS id (see the docstring)
         self.tokens = input_ids.new_zeros(batch, max_length + scratch)  # (B, max_length + scratch)
         self.tokens[:, :prompt] = input_ids
         self.lengths = torch.full((batch,), prompt, dtype=torch.long, device=input_ids.device)  # (B,)
@@ -48,15 +53,33 @@ class TokenBuffer:
         self.criteria = StoppingCriteriaList(
             c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))
         )
+        # Plain `generate()` pads stopped rows only when some criterion knows an EOS id.
+        self.pads_stopped_rows = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+        pad = getattr(generation_config, "_pad_token_tensor", None)  # set by `generate()`
+        self.pad_token_id = int(pad) if pad is not None else 0
+        # Without padding: the length at which each row first stopped (max_length while it has not).
+        self.stopped_at = torch.full((batch,), max_length, dtype=torch.long, device=input_ids.device)
+        self.stopped = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
 
     @property
     def active_lengths(self) -> torch.Tensor:
         return self.lengths[self.active]
 
-    def write(self, offset: int, new_tokens: torch.Tensor) -> None:
-        """Write `(active, m)` tokens at each active row's length + `offset`, without committing them."""
-        columns = self.active_lengths[:, None] + offset + torch.arange(new_tokens.shape[1], device=self.tokens.device)
-        self.tokens[self.active[:, None], columns] = new_tokens
+    def write(self, offset: int, new_tokens: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Write `(active, m)` tokens at each active row's length + `offset`, without committing them
+        (`rows`: positions in the active order of the `(len(rows), m)` tokens' rows; default all)."""
+        active = self.active if rows is None else self.active[rows]
+        columns = self.lengths[active][:, None] + offset + torch.arange(new_tokens.shape[1], device=self.tokens.device)
+        self.tokens[active[:, None], columns] = new_tokens
+
+    def prefixes(self, length: int, shown: torch.Tensor) -> torch.Tensor:
+        """Every row's first `length` tokens `(batch, length)` as a logits processor is to see them when it
+        scores rows `shown` (original indices): those rows with their uncommitted (drafted) tokens, every other
+        row with its committed tokens only, then padding (as plain `generate()` shows a finished row)."""
+        view = self.tokens[:, :length].clone()
+        hidden = torch.arange(length, device=view.device)[None, :] >= self.lengths[:, None]  # (B, length)
+        hidden[shown] = False
+        return view.masked_fill_(hidden, self.pad_token_id)
 
     def commit(
         self, new_tokens: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None
@@ -85,18 +108,39 @@ class TokenBuffer:
             hit = first_eos < m
             counts = torch.where(hit, first_eos + 1, counts)
             finished |= hit
-        if self.criteria:
-            counts, stopped = self._apply_criteria(lengths, counts, scores)
+        if self.criteria and self.pads_stopped_rows:
+            counts, stopped = self._apply_criteria(lengths, counts, scores, ~finished)
             finished |= stopped
         self.lengths[self.active] = lengths + counts
+        if self.criteria and not self.pads_stopped_rows:
+            counts, finished = self._stop_together(lengths, counts, scores)
         return counts, finished
 
-    def _apply_criteria(
+    def _stop_together(
         self, lengths: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Without an EOS id: note where rows first stop (they keep going), and once every row has stopped,
+        end all of them at the last of those lengths, cutting back rows that went past it."""
+        running = ~self.stopped[self.active]
+        stop_counts, stopped = self._apply_criteria(lengths, counts, scores, running)
+        rows = self.active[stopped]
+        self.stopped_at[rows] = lengths[stopped] + stop_counts[stopped]
+        self.stopped[rows] = True
+        if bool(self.stopped.all()):
+            self.max_length = min(self.max_length, int(self.stopped_at.max()))
+            self.lengths.clamp_(max=self.max_length)
+        new_lengths = self.lengths[self.active]
+        return (new_lengths - lengths).clamp_min(0), new_lengths >= self.max_length
+
+    def _apply_criteria(
+        self, lengths: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None, running: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Call the stopping criteria after each new token of the `running` rows, in order; returns the counts
+        cut after the first token that stops a row, and which rows stopped."""
+        counts = counts.clone()
         stopped = torch.zeros_like(counts, dtype=torch.bool)
         for j in range(int(counts.max())):
-            rows = ((counts > j) & ~stopped).nonzero(as_tuple=True)[0]
+            rows = ((counts > j) & ~stopped & running).nonzero(as_tuple=True)[0]
             for length in torch.unique(lengths[rows] + j + 1).tolist():
                 group = rows[lengths[rows] + j + 1 == length]
                 step_scores = scores[group, j] if scores is not None else None

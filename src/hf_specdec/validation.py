@@ -92,9 +92,10 @@ def check_generation_config(
     `per_token_scores`: whether the decoding path can return `output_scores` / `output_logits`.
     `path`: how the messages name the speculative path the user chose.
     """
+    defaults = config._get_default_generation_params()  # what `generate()` fills in when nothing is set
     for name in _OTHER_STRATEGIES:
         value = getattr(config, name, None)
-        if value not in (None, False, 0):
+        if value not in (None, False, 0) and value != defaults.get(name):
             raise ValueError(
                 f"`{name}` belongs to another decoding strategy and cannot be combined with {path}; "
                 f"drop it, or drop {path} to use that strategy."

@@ -21,47 +21,16 @@ from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
 from hf_specdec.medusa.heads import DraftHeads
-from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
-from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.row_trees import RowTrees
 from hf_specdec.sequences import TokenBuffer
 from hf_specdec.tree import DraftTree
 from hf_specdec.tree_acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
 from hf_specdec.tree_lookup import graft_chains
+from hf_specdec.validation import check_generation_config
 
 ACCEPTANCE = ("exact", "typical")
-
-
-def tree_scores(
-    processors: RaggedLogitsProcessor,
-    buffer: TokenBuffer,
-    nodes: torch.Tensor,
-    logits: torch.Tensor,
-    trees: RowTrees,
-) -> torch.Tensor:
-    """Processed scores `(batch, nodes, vocab)` after every tree node, each with its own prefix.
-
-    A node's prefix is the row's committed tokens and the drafted tokens on its path. Processors that only
-    read the scores run once over all nodes; the others run path by path (pass k: every row's k-th leaf),
-    with the path's tokens written after the committed ones (a node shared by several paths gets the same
-    scores from each).
-    """
-    if processors.prefix_free:
-        return processors(buffer.tokens, buffer.active, buffer.active_lengths, logits)
-    scores = torch.zeros_like(logits)  # padding nodes keep zeros: nothing reads them
-    rows = torch.arange(nodes.shape[0], device=nodes.device)
-    leaves = trees.leaves  # (B, N)
-    count = leaves.sum(dim=1)  # (B,)
-    order = torch.sort((~leaves).to(torch.int8), dim=1, stable=True).indices  # (B, N): each row's leaves first
-    for k in range(int(count.max())):
-        leaf = torch.where(k < count, order[:, k], order[:, 0])  # (B,) the row's k-th leaf (or its first again)
-        path = trees.paths[rows, leaf]  # (B, D+1), root first, -1 after the leaf
-        path_nodes = path.clamp_min(0)
-        buffer.write(0, nodes.gather(1, path_nodes[:, 1:]))  # uncommitted: the prefix of the path's later nodes
-        processed = processors(buffer.tokens, buffer.active, buffer.active_lengths, logits[rows[:, None], path_nodes])
-        b, d = (path >= 0).nonzero(as_tuple=True)
-        scores[b, path[b, d]] = processed[b, d]
-    return scores
 
 
 @torch.no_grad()
@@ -103,6 +72,9 @@ def medusa_decode(
     """
     if isinstance(tree, DynamicTree) and tree.depth is None:
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
+    check_generation_config(generation_config, per_token_scores=True, path="`medusa=True`")
+    if acceptance == "typical" and not generation_config.do_sample:
+        raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     do_sample = bool(generation_config.do_sample)
@@ -114,6 +86,9 @@ def medusa_decode(
     buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=longest + 1)
     static = RowTrees.from_tree(tree, device) if isinstance(tree, DraftTree) else None
     stats = SpeculativeStats.zeros(input_ids.shape[0])
+    recorder = ScoreRecorder(
+        input_ids.shape[0], bool(generation_config.output_scores), bool(generation_config.output_logits)
+    )
 
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
     target = CachedSequence(model, input_ids.shape[0], device)
@@ -123,10 +98,12 @@ def medusa_decode(
         prompt_lookup.prefill(input_ids, valid, positions)
         # Measures what verifying one more token costs, which decides how far a match is worth grafting.
         policy = DraftLengthPolicy(num_tokens=prompt_lookup.num_tokens, schedule="constant", cost_ratio=0.0)
-    scores = processors(buffer.tokens, buffer.active, buffer.active_lengths, out.logits[:, -1:].float())
+    logits = out.logits[:, -1:].float()
+    scores = processors(buffer, buffer.active, buffer.active_lengths, logits)
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     hidden = out.hidden_states[-1][:, -1:]  # (B, 1, H) the state the heads read
     emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
+    recorder.record(buffer.active, emitted, scores, logits)
     stream(streamer, last_token[:, None], emitted)
     next_position = positions[:, -1] + 2  # (A,) position of the first drafted node
     lm_head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
@@ -157,7 +134,8 @@ def medusa_decode(
         # Verify: one forward over the whole tree under its ancestor mask.
         node_positions = (next_position[:, None] - 1 + trees.depths).clamp_max(buffer.max_length - 1)
         out = target.forward(nodes, trees.real, node_positions, trees.ancestors, output_hidden_states=True)
-        scores = tree_scores(processors, buffer, nodes, out.logits.float(), trees)  # (A, N, V)
+        logits = out.logits.float()
+        scores = verification_scores(processors, buffer, nodes, logits, trees, do_sample)  # (A, N, V)
         # Accept: the deepest node with a right path.
         if not do_sample:
             last_node, num_accepted, next_token = greedy_accept_tree(nodes, scores, trees)
@@ -175,7 +153,10 @@ def medusa_decode(
         new_tokens = nodes.gather(1, path_nodes[:, 1:].clamp_min(0))  # (A, D)
         new_tokens = torch.cat([new_tokens, next_token[:, None]], dim=1)  # (A, D+1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
-        emitted, finished = buffer.commit(new_tokens, num_accepted + 1, None)
+        on_path = path_nodes.clamp_min(0)[:, :, None].expand(-1, -1, scores.shape[-1])  # (A, D+1, V)
+        path_scores, path_logits = scores.gather(1, on_path), logits.gather(1, on_path)  # what chose each token
+        emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
+        recorder.record(buffer.active, emitted, path_scores, path_logits)
         stream(streamer, new_tokens, emitted)
         if prompt_lookup is not None:
             prompt_lookup.observe(new_tokens, emitted)
@@ -194,4 +175,4 @@ def medusa_decode(
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted
 
-    return finish(buffer, generation_config, stats, streamer, input_device)
+    return finish(buffer, generation_config, stats, streamer, input_device, recorder)

@@ -13,8 +13,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from transformers.utils import PushToHubMixin
 
+from hf_specdec.arguments import LOOKUP_SETTINGS, lookup_settings, passed, requested, with_stop_strings, withhold
 from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE, PromptLookupDrafter
+from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
@@ -22,7 +23,7 @@ from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
 from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME, load_original
 from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.tree import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
-from hf_specdec.validation import check_generation_config, output_vocab_size
+from hf_specdec.validation import output_vocab_size
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
 ADAPTER_FOLDER = "base_adapter"
@@ -255,16 +256,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         for name in ("assistant", "assistant_model", "custom_generate"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"`{name}` cannot be combined with `medusa=True`.")
+        if len(args) > 1:
+            raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
         generation_config = kwargs.pop("generation_config", None)
-        config = (generation_config or self.base.generation_config).__class__.from_dict(
-            (generation_config or self.base.generation_config).to_dict()
-        )
-        rest = config.update(**kwargs)
-        passed = set(kwargs) | (set(generation_config.to_diff_dict()) if generation_config is not None else set())
-        prompt_lookup = _prompt_lookup(config, passed)
-        check_generation_config(config, path="`medusa=True`")
-        if medusa_acceptance == "typical" and not config.do_sample:
-            raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
+        prompt_lookup = _prompt_lookup(self.base, generation_config, kwargs)
+        generation_config, kwargs = withhold(self.base, generation_config, kwargs, LOOKUP_SETTINGS)
+        generation_config, kwargs = with_stop_strings(self.base, generation_config, kwargs)
         decode = functools.partial(
             medusa_decode,
             heads=self.heads,
@@ -273,9 +270,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             typical_epsilon=typical_epsilon,
             typical_delta=typical_delta,
             prompt_lookup=prompt_lookup,
-            streamer=rest.get("streamer"),
+            streamer=kwargs.get("streamer"),
         )
-        return self.base.generate(*args, generation_config=config, custom_generate=decode, **rest)
+        return self.base.generate(*args, generation_config=generation_config, custom_generate=decode, **kwargs)
 
     @property
     def base_trains(self) -> bool:
@@ -394,29 +391,31 @@ def _model_card(config: MedusaConfig) -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
-def _prompt_lookup(config: GenerationConfig, passed: set[str]) -> PromptLookupDrafter | None:
-    """The prompt lookup a generation config asks for (taking its settings out of the config), or `None`.
-    `passed`: the settings the user gave (lookup settings without `prompt_lookup_num_tokens` are refused
-    there; in the model's own generation config they have nothing to tune and are dropped).
+def _prompt_lookup(
+    base: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
+) -> PromptLookupDrafter | None:
+    """The prompt lookup `generate()`'s arguments ask for, or `None`. Lookup settings without
+    `prompt_lookup_num_tokens` are refused when the caller passed them (in the model's own generation config
+    they have nothing to tune), and so are the draft model's settings.
 
     `num_assistant_tokens_schedule`: `"adaptive"` (default: each row grafts as far as the measured acceptance
     of its match size pays for) or `"constant"` (always the whole match, up to `prompt_lookup_num_tokens`).
     """
-    num_tokens, ngram_size = config.prompt_lookup_num_tokens, config.max_matching_ngram_size
-    schedule = config.num_assistant_tokens_schedule
-    config.prompt_lookup_num_tokens = config.max_matching_ngram_size = config.num_assistant_tokens_schedule = None
-    if num_tokens is None:
-        for name, value in (("max_matching_ngram_size", ngram_size), ("num_assistant_tokens_schedule", schedule)):
-            if value is not None and name in passed:
-                raise ValueError(
-                    f"`{name}` tunes prompt lookup, which `medusa=True` runs only with `prompt_lookup_num_tokens`: "
-                    "pass it too, or drop the setting."
-                )
+    for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
+        if passed(generation_config, kwargs, name):
+            raise ValueError(f"`{name}` tunes the draft model of `assistant=`; `medusa=True` drafts with the heads.")
+    lookup = lookup_settings(base, generation_config, kwargs)
+    schedule = requested(base, generation_config, kwargs, "num_assistant_tokens_schedule")
+    if lookup is None:
+        if passed(generation_config, kwargs, "num_assistant_tokens_schedule"):
+            raise ValueError(
+                "`num_assistant_tokens_schedule` tunes prompt lookup, which `medusa=True` runs only with "
+                "`prompt_lookup_num_tokens`: pass it too, or drop the setting."
+            )
         return None
     if schedule not in (None, "adaptive", "constant"):
         raise ValueError(
             f"num_assistant_tokens_schedule={schedule!r}: prompt lookup in a tree takes 'adaptive' (default) or "
             "'constant'."
         )
-    ngram_size = DEFAULT_MAX_MATCHING_NGRAM_SIZE if ngram_size is None else ngram_size
-    return PromptLookupDrafter(num_tokens, ngram_size, adaptive=schedule != "constant")
+    return PromptLookupDrafter(lookup.num_tokens, lookup.max_ngram_size, adaptive=schedule != "constant")
