@@ -2,7 +2,7 @@
 
 from hf_specdec.acceptance import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
 from hf_specdec.decoding import speculative_decode
-from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
 from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
@@ -19,6 +19,7 @@ __all__ = [
     "MedusaHeads",
     "PromptLookupDrafter",
     "RecurrentHeads",
+    "SpeculativeCosts",
     "SpeculativeDecoderOnlyOutput",
     "SpeculativeGenerationMixin",
     "SpeculativeStats",

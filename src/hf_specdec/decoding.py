@@ -160,6 +160,7 @@ def speculative_decode(
             recorder,
         )
 
+    stats.costs = draft_length.estimated_costs
     return finish(buffer, generation_config, stats, streamer, input_device, recorder)
 
 

@@ -21,6 +21,12 @@ below the threshold in every row (transformers' rule).
 
 Drafters with no confidence of their own (prompt lookup) use the same rule with the acceptance rate measured
 at each draft position in recent steps in place of the draft's confidence (`AcceptanceHistory`), and `c = 0`.
+
+Measured costs make the draft lengths (and, with a draft model and prompt lookup together, the choice of
+drafter) depend on wall-clock timings, so a seeded sampling run may draw differently from run to run (the
+distribution stays exact). Fixed costs (`SpeculativeCosts`, e.g. those an earlier run measured, returned in
+`SpeculativeStats.costs`) make every decision a function of the tokens alone: with a seeded `generator`,
+sampled outputs are then bitwise reproducible on a fixed machine.
 """
 
 from __future__ import annotations
@@ -40,6 +46,28 @@ _HISTORY_DECAY = 0.9
 _HISTORY_DRAFTS = 20.0
 
 
+@dataclass(frozen=True)
+class SpeculativeCosts:
+    """The costs the adaptive rules weigh, in one-token target forwards (a plain decoding step).
+
+    Pass them to `generate(..., speculative_costs=...)` to use these instead of measuring them while decoding:
+    decisions then no longer depend on timings, so seeded sampling is reproducible.
+
+    Args:
+        draft_forward (`float`): `c`, one draft-model forward (ignored by prompt lookup, which runs none).
+        verify_per_token (`float`): `v`, verifying one more token per row.
+    """
+
+    draft_forward: float
+    verify_per_token: float
+
+    def __post_init__(self) -> None:
+        for name in ("draft_forward", "verify_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise ValueError(f"SpeculativeCosts.{name} is a non-negative number of target forwards, got {value!r}.")
+
+
 @dataclass
 class DraftLengthPolicy:
     """Chooses the number of drafted tokens per step.
@@ -52,6 +80,8 @@ class DraftLengthPolicy:
             this in every row; `None` never stops on it.
         cost_ratio (`float`): the first estimate of a draft forward's cost in target forwards ("adaptive").
         max_tokens (`int`): the most tokens the heuristic schedule may grow to.
+        costs (`SpeculativeCosts`, *optional*): fixed costs, used instead of measurements (then `cost_ratio` is
+            `costs.draft_forward`).
     """
 
     num_tokens: int = 8
@@ -59,6 +89,7 @@ class DraftLengthPolicy:
     confidence_threshold: float | None = None
     cost_ratio: float = 0.3
     max_tokens: int = 16
+    costs: SpeculativeCosts | None = None
     _current: int = field(init=False, repr=False)
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
     _verify: _VerifyCost = field(init=False, repr=False)
@@ -78,6 +109,13 @@ class DraftLengthPolicy:
         self.max_tokens = max(self.max_tokens, self.num_tokens)
         self._current = self.num_tokens
         self._verify = _VerifyCost()
+        if self.costs is not None:
+            self.cost_ratio, self._per_token_cost = self.costs.draft_forward, self.costs.verify_per_token
+
+    @property
+    def estimated_costs(self) -> SpeculativeCosts:
+        """The costs in use: the fixed ones, or the current estimates."""
+        return self.costs or SpeculativeCosts(self.cost_ratio, self._per_token_cost)
 
     @property
     def current(self) -> int:
@@ -128,8 +166,8 @@ class DraftLengthPolicy:
     ) -> None:
         """Refine the cost estimates from one step's timings: `num_draft_forwards` draft forwards took
         `draft_seconds`, verifying `verified_per_row` tokens (default `num_draft_forwards + 1`) for each of `rows`
-        rows took `verify_seconds`."""
-        if verify_seconds <= 0:
+        rows took `verify_seconds`. Nothing changes with fixed `costs`."""
+        if verify_seconds <= 0 or self.costs is not None:
             return
         verified = num_draft_forwards + 1 if verified_per_row is None else verified_per_row
         self._verify.add(rows * verified, verify_seconds)

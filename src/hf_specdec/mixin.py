@@ -9,6 +9,7 @@ public `custom_generate` hook.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from hf_specdec.arguments import (
     withhold,
 )
 from hf_specdec.decoding import speculative_decode
-from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.validation import check_models, output_vocab_size
 from hf_specdec.vocab import check_token_ids
@@ -61,6 +62,10 @@ class SpeculativeGenerationMixin:
         With both `assistant=` and prompt lookup, `num_assistant_tokens_schedule` applies to the draft model, and
         the lookup is adaptive unless the schedule is `"constant"`.
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
+        speculative_costs (`SpeculativeCosts`): fixed costs of a draft forward and of verifying one more token,
+            instead of timings measured while decoding (e.g. `out.speculative.costs` of an earlier run). Draft
+            lengths and the hybrid's choice then depend on the tokens alone, so sampling with a seeded
+            `generator` is bitwise reproducible on a fixed machine.
         tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
             is also needed for `stop_strings`.
     """
@@ -91,9 +96,12 @@ class SpeculativeGenerationMixin:
                 min(output_vocab_size(self), output_vocab_size(assistant)),  # type: ignore[arg-type]
                 "`assistant_vocab`",
             )
+        costs = kwargs.pop("speculative_costs", None)
+        if costs is not None and not isinstance(costs, SpeculativeCosts):
+            raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
         lookup = lookup_settings(self, generation_config, kwargs)  # type: ignore[arg-type]
         schedule = _pick(requested(self, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)  # type: ignore[arg-type]
-        policy = self._draft_length_policy(generation_config, kwargs, assistant, lookup, schedule)
+        policy = self._draft_length_policy(generation_config, kwargs, assistant, lookup, schedule, costs)
         prompt_lookup = None
         if lookup is not None:
             prompt_lookup = PromptLookupDrafter(
@@ -118,6 +126,7 @@ class SpeculativeGenerationMixin:
         assistant: PreTrainedModel | None,
         lookup: LookupSettings | None,
         schedule: str,
+        costs: SpeculativeCosts | None,
     ) -> DraftLengthPolicy:
         """The draft model's length schedule from `num_assistant_tokens*` and `assistant_confidence_threshold`
         (our measured defaults where unset). Without a draft model the loop's policy only measures costs (there
@@ -135,7 +144,8 @@ class SpeculativeGenerationMixin:
                     "takes 'adaptive' (default) or 'constant'."
                 )
             assert lookup is not None
-            return DraftLengthPolicy(num_tokens=lookup.num_tokens, schedule="constant", cost_ratio=0.0)
+            costs = None if costs is None else dataclasses.replace(costs, draft_forward=0.0)
+            return DraftLengthPolicy(num_tokens=lookup.num_tokens, schedule="constant", cost_ratio=0.0, costs=costs)
 
         def setting(name: str) -> Any:
             return requested(self, generation_config, kwargs, name)  # type: ignore[arg-type]
@@ -145,6 +155,7 @@ class SpeculativeGenerationMixin:
             schedule=schedule,
             confidence_threshold=_pick(setting("assistant_confidence_threshold"), DEFAULT_CONFIDENCE_THRESHOLD),
             cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
+            costs=costs,
         )
 
     @staticmethod

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from hf_specdec.draft_length import SpeculativeCosts
+
 
 @dataclass
 class SpeculativeStats:
@@ -22,6 +24,9 @@ class SpeculativeStats:
         drafted_at_position / accepted_at_position: how often the j-th drafted token of a step was proposed
             and accepted, summed over rows and steps; their ratio is the acceptance rate by draft position.
         draft_seconds / verify_seconds: time spent drafting and verifying.
+        costs: the costs the adaptive rules used at the end of the call (measured, or those passed as
+            `speculative_costs`); `None` where nothing weighs costs (Medusa heads without prompt lookup).
+            Pass them back as `speculative_costs=` for reproducible sampling.
         lookup_steps: steps drafted by prompt lookup (with both a draft model and prompt lookup, the others
             were drafted by the model; with Medusa heads, steps in which some row's tree had a looked-up
             continuation grafted on).
@@ -36,6 +41,7 @@ class SpeculativeStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     lookup_steps: int = 0
+    costs: SpeculativeCosts | None = None
 
     @classmethod
     def zeros(cls, batch_size: int) -> SpeculativeStats:

@@ -7,6 +7,7 @@ configs, processors, stopping criteria and streamers work as in plain decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.decoding import choose_token, finish, prompt_positions, reject_model_kwargs, stream, synchronize
-from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
 from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.lookup import PromptLookupDrafter
@@ -47,6 +48,7 @@ def medusa_decode(
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
     prompt_lookup: PromptLookupDrafter | None = None,
+    costs: SpeculativeCosts | None = None,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
@@ -65,6 +67,8 @@ def medusa_decode(
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree (`hf_specdec.tree_lookup`), as long as the measured acceptance of its matches pays for
             verifying it.
+        costs (`SpeculativeCosts`, *optional*): with `prompt_lookup`, fixed costs instead of measured ones (see
+            `hf_specdec.draft_length`).
         streamer, generator: as for [`speculative_decode`].
 
     Returns:
@@ -97,7 +101,10 @@ def medusa_decode(
     if prompt_lookup is not None:
         prompt_lookup.prefill(input_ids, valid, positions)
         # Measures what verifying one more token costs, which decides how far a match is worth grafting.
-        policy = DraftLengthPolicy(num_tokens=prompt_lookup.num_tokens, schedule="constant", cost_ratio=0.0)
+        costs = None if costs is None else dataclasses.replace(costs, draft_forward=0.0)
+        policy = DraftLengthPolicy(
+            num_tokens=prompt_lookup.num_tokens, schedule="constant", cost_ratio=0.0, costs=costs
+        )
     logits = out.logits[:, -1:].float()
     scores = processors(buffer, buffer.active, buffer.active_lengths, logits)
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
@@ -175,4 +182,6 @@ def medusa_decode(
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted
 
+    if prompt_lookup is not None:
+        stats.costs = policy.estimated_costs
     return finish(buffer, generation_config, stats, streamer, input_device, recorder)

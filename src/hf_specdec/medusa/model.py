@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from transformers.utils import PushToHubMixin
 
 from hf_specdec.arguments import LOOKUP_SETTINGS, lookup_settings, passed, requested, with_stop_strings, withhold
+from hf_specdec.draft_length import SpeculativeCosts
 from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
@@ -246,6 +247,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 each row grafts as much of its match as the measured acceptance of matches of that size pays
                 for (measured timings decide, so seeded sampling may draw differently from run to run; the
                 distribution stays exact), with `"constant"` the whole match.
+            speculative_costs (`SpeculativeCosts`, with prompt lookup): fixed costs instead of measured ones, for
+                bitwise-reproducible seeded sampling (see `hf_specdec.draft_length`).
         """
         if not medusa:
             if tree is not None or medusa_acceptance != "exact":
@@ -260,6 +263,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
         generation_config = kwargs.pop("generation_config", None)
         prompt_lookup = _prompt_lookup(self.base, generation_config, kwargs)
+        costs = kwargs.pop("speculative_costs", None)
+        if costs is not None and (prompt_lookup is None or not isinstance(costs, SpeculativeCosts)):
+            raise ValueError(
+                "speculative_costs takes a hf_specdec.SpeculativeCosts, and with `medusa=True` it tunes prompt lookup "
+                "in the tree: pass `prompt_lookup_num_tokens` too (without it nothing depends on timings)."
+            )
         generation_config, kwargs = withhold(self.base, generation_config, kwargs, LOOKUP_SETTINGS)
         generation_config, kwargs = with_stop_strings(self.base, generation_config, kwargs)
         decode = functools.partial(
@@ -270,6 +279,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             typical_epsilon=typical_epsilon,
             typical_delta=typical_delta,
             prompt_lookup=prompt_lookup,
+            costs=costs,
             streamer=kwargs.get("streamer"),
         )
         return self.base.generate(*args, generation_config=generation_config, custom_generate=decode, **kwargs)

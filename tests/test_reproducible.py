@@ -1,0 +1,75 @@
+"""Reproducible sampling: with fixed `speculative_costs` and a seeded generator, a sampled output does not
+depend on how long anything took (measured costs make draft lengths and the hybrid's choice follow the clock)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec import DraftLengthPolicy, DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from tests.tiny_models import ragged_batch, tiny_model
+
+COSTS = SpeculativeCosts(draft_forward=0.05, verify_per_token=0.01)
+
+
+def _clock(draft_forward_seconds: float):
+    """Patches the loops' cost measurements with a synthetic machine on which a draft forward takes
+    `draft_forward_seconds` and verification 1 s plus 1 ms per verified token (real timings vary)."""
+    original = DraftLengthPolicy.observe_costs
+
+    def observe(self, draft_seconds, forwards, verify_seconds, rows=1, verified_per_row=None) -> None:
+        verified = rows * (forwards + 1 if verified_per_row is None else verified_per_row)
+        original(self, forwards * draft_forward_seconds, forwards, 1.0 + 1e-3 * verified, rows, verified_per_row)
+
+    return mock.patch.object(DraftLengthPolicy, "observe_costs", observe)
+
+
+def _run(path: str, clock: mock._patch, costs: SpeculativeCosts | None) -> hf_specdec.SpeculativeDecoderOnlyOutput:
+    target = hf_specdec.speculative(tiny_model("llama", seed=0, sharpen=6.0))
+    ids, mask = ragged_batch(2, seed=1)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 60, "do_sample": True}
+    kwargs |= {"generator": torch.Generator().manual_seed(7), "return_dict_in_generate": True}
+    if costs is not None:
+        kwargs["speculative_costs"] = costs
+    if path != "assistant":
+        kwargs["prompt_lookup_num_tokens"] = 5
+    with clock:
+        if path == "medusa-lookup":
+            torch.manual_seed(3)
+            model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3))
+            return model.generate(medusa=True, tree=DynamicTree(num_nodes=6), **kwargs)
+        if path in ("assistant", "hybrid"):
+            kwargs["assistant"] = tiny_model("llama", seed=0, sharpen=6.0)  # the target's twin: it drafts far
+        return target.generate(**kwargs)
+
+
+@pytest.mark.parametrize("path", ["assistant", "lookup", "hybrid", "medusa-lookup"])
+def test_fixed_costs_make_seeded_sampling_independent_of_timings(path: str) -> None:
+    first, second = _run(path, _clock(1e-3), COSTS), _run(path, _clock(10.0), COSTS)
+    assert torch.equal(first.sequences, second.sequences)
+    assert torch.equal(first.speculative.drafted_tokens, second.speculative.drafted_tokens)
+    expected = COSTS if path in ("assistant", "hybrid") else SpeculativeCosts(0.0, COSTS.verify_per_token)
+    assert first.speculative.costs == second.speculative.costs == expected
+
+
+def test_measured_costs_follow_the_clock() -> None:
+    """Without fixed costs the same seeded call drafts differently when drafting seems slow: what the setting
+    is for."""
+    first, second = _run("assistant", _clock(1e-3), None), _run("assistant", _clock(10.0), None)
+    assert not torch.equal(first.speculative.drafted_tokens, second.speculative.drafted_tokens)
+    assert first.speculative.costs.draft_forward < second.speculative.costs.draft_forward
+
+
+def test_costs_are_checked() -> None:
+    with pytest.raises(ValueError, match="verify_per_token"):
+        SpeculativeCosts(draft_forward=0.1, verify_per_token=-1.0)
+    target = hf_specdec.speculative(tiny_model("llama", seed=0))
+    ids, _ = ragged_batch(1)
+    with pytest.raises(TypeError, match="speculative_costs"):
+        target.generate(ids, prompt_lookup_num_tokens=3, speculative_costs=0.1)
+    model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2))
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        model.generate(ids, medusa=True, speculative_costs=COSTS)
