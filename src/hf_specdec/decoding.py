@@ -22,6 +22,7 @@ from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
 from hf_specdec.drafting import Drafter
 from hf_specdec.hybrid import HybridDrafter
+from hf_specdec.inputs import check_prompts
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
@@ -100,6 +101,7 @@ def speculative_decode(
     check_generation_config(
         generation_config, per_token_scores=True, path="`assistant=`" if assistant is not None else "prompt lookup"
     )
+    check_prompts(model, input_ids, model_kwargs.get("attention_mask"))
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     input_device, device = input_ids.device, model.device

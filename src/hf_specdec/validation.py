@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
+
+from hf_specdec.kv_cache import AttentionLayout
+
+# Models whose layers carry a recurrent state but whose configs have no `layer_types` to say so.
+_RECURRENT_MODEL_TYPES = {"rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba"}
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -22,6 +28,25 @@ def eos_token_ids(model: PreTrainedModel) -> list[int]:
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
+def check_architecture(model: PreTrainedModel, role: str = "target") -> None:
+    """Raise `ValueError` when `model` cannot take part in speculative decoding at all: an encoder-decoder, a
+    model whose layers keep a recurrent state, or one without the positions and 4D masks verification needs
+    (see `AttentionLayout`). `role` ("target" or "draft") names it in the messages."""
+    if model.config.is_encoder_decoder:
+        raise ValueError(
+            f"The {role} ({type(model).__name__}) is an encoder-decoder model; speculative decoding here "
+            "supports decoder-only causal LMs. Use transformers' `assistant_model=` for encoder-decoders."
+        )
+    parameters = inspect.signature(model.forward).parameters
+    if model.config.model_type in _RECURRENT_MODEL_TYPES or "state" in parameters or "cache_params" in parameters:
+        raise ValueError(
+            f"The {role} ({type(model).__name__}) keeps a recurrent state, which cannot be rolled back to an earlier "
+            "token when drafts are rejected. Speculative decoding supports attention-only decoders (full or "
+            "sliding-window attention); decode this model with plain `generate()`."
+        )
+    AttentionLayout(model)  # layer types, position ids, attention implementation
+
+
 def check_models(
     target: PreTrainedModel,
     draft: PreTrainedModel,
@@ -30,15 +55,29 @@ def check_models(
 ) -> None:
     """Raise `ValueError` when `draft` cannot draft for `target`.
 
-    The two must be decoder-only causal LMs whose token ids mean the same thing. Vocabulary sizes may differ
-    (models often pad their embedding matrix), provided both tokenizers are given and are identical.
+    The two must be decoder-only causal LMs (see [`check_architecture`]) on one device, in one dtype, whose
+    token ids mean the same thing; the draft must be another model than the target (a copy with equal weights
+    is fine). Vocabulary sizes may differ (models often pad their embedding matrix), provided both tokenizers are
+    given and are identical.
     """
     for role, model in (("target", target), ("draft", draft)):
-        if model.config.is_encoder_decoder:
-            raise ValueError(
-                f"The {role} ({type(model).__name__}) is an encoder-decoder model; speculative decoding here "
-                "supports decoder-only causal LMs. Use transformers' `assistant_model=` for encoder-decoders."
-            )
+        check_architecture(model, role)
+    if draft is target:
+        raise ValueError(
+            "`assistant=` is the target itself: every drafted token is then accepted, but each costs a full "
+            "forward of the target, so this is always slower than plain decoding. Pass a smaller draft model of "
+            "the same tokenizer, or use `prompt_lookup_num_tokens=` (no draft model), or drop `assistant=`."
+        )
+    if draft.device != target.device:
+        raise ValueError(
+            f"The draft is on {draft.device} but the target on {target.device}: every draft step would move "
+            "tensors between devices. Put both on one device, e.g. `draft.to(target.device)`."
+        )
+    if draft.dtype != target.dtype:
+        raise ValueError(
+            f"The draft's dtype is {draft.dtype} but the target's is {target.dtype}. Load both in one dtype "
+            "(`from_pretrained(..., dtype=...)`), or cast the draft with `draft.to(target.dtype)`."
+        )
     if assistant_tokenizer is not None:
         if tokenizer is None:
             raise ValueError("`assistant_tokenizer=` needs `tokenizer=` too: the two vocabularies are compared.")

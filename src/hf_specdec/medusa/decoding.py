@@ -18,6 +18,7 @@ from transformers.generation.streamers import BaseStreamer
 from hf_specdec.decoding import choose_token, finish, prompt_positions, reject_model_kwargs, stream, synchronize
 from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
 from hf_specdec.dynamic_tree import DynamicTree
+from hf_specdec.inputs import check_prompts
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
@@ -77,6 +78,7 @@ def medusa_decode(
     if isinstance(tree, DynamicTree) and tree.depth is None:
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
     check_generation_config(generation_config, per_token_scores=True, path="`medusa=True`")
+    check_prompts(model, input_ids, model_kwargs.get("attention_mask"))
     if acceptance == "typical" and not generation_config.do_sample:
         raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
     attention_mask = model_kwargs.pop("attention_mask", None)
