@@ -660,7 +660,8 @@ def plain_rules(case: Case, model: PreTrainedModel, kwargs: dict[str, Any], ids:
         eos=eos,
         pad=pad,
         do_sample=do_sample,
-        deterministic=not do_sample or config.top_k == 1,
+        # top_k=1 leaves one token, unless forced EOS ids tie (all at 0, the rest -inf): then it samples among them.
+        deterministic=not do_sample or (config.top_k == 1 and not isinstance(config.forced_eos_token_id, list)),
         config=config,
     )
 
@@ -691,13 +692,19 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     )
 
 
-def row_ends(sequences: torch.Tensor, rules: Rules) -> list[int]:
-    """Per row, how many generated tokens come before padding: up to and including the first EOS, else all."""
+def row_ends(sequences: torch.Tensor, rules: Rules, trailing_pad: bool = False) -> list[int]:
+    """Per row, how many generated tokens come before padding: up to and including the first EOS, else all.
+    `trailing_pad`: a stop string or criterion may have ended a row, padded after: a trailing run of padding
+    ends the row too (a row that generated padding tokens itself is then checked less far, never wrongly)."""
     generated = sequences[:, rules.prompt_length :]
     ends = []
     for row in generated.tolist():
         hits = [i for i, t in enumerate(row) if t in rules.eos]
-        ends.append(hits[0] + 1 if hits else len(row))
+        end = hits[0] + 1 if hits else len(row)
+        if trailing_pad and rules.pad is not None:
+            while end > 0 and row[end - 1] == rules.pad:
+                end -= 1
+        ends.append(end)
     return ends
 
 
@@ -748,9 +755,9 @@ def violations(sequences: torch.Tensor, rules: Rules, case: Case, ids: torch.Ten
         broken.add(f"length: {width - p} new tokens, at most {rules.max_total - p}")
     if not torch.equal(sequences[:, :p], ids.repeat_interleave(rules.num_return, 0)):
         broken.add("prompt changed")
-    ends = row_ends(sequences, rules)
-    generated = sequences[:, p:]
     stops = bool(case.stop_on or config.stop_strings)
+    ends = row_ends(sequences, rules, trailing_pad=stops)
+    generated = sequences[:, p:]
     forced_eos = config.forced_eos_token_id
     forced = [] if forced_eos is None else [forced_eos] if isinstance(forced_eos, int) else list(forced_eos)
     last = rules.max_total - p - 1  # where forced EOS overrides everything
@@ -772,7 +779,7 @@ def violations(sequences: torch.Tensor, rules: Rules, case: Case, ids: torch.Ten
         tail = row[p + end :]
         if end < len(generated[r]) and rules.pad is not None and any(t != rules.pad for t in tail):
             broken.add("tokens after EOS other than padding")
-        hit_eos = end < len(generated[r]) or (end and row[p + end - 1] in rules.eos)
+        hit_eos = end > 0 and row[p + end - 1] in rules.eos
         too_early = end < min(rules.min_new, rules.max_total - p) and not exempt(end - 1, row[p + end - 1])
         if hit_eos and too_early and not (stops and rules.pad in rules.eos):
             broken.add(f"EOS after {end} new tokens, before min {rules.min_new}")
