@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -45,7 +47,7 @@ def test_mixin_can_be_inherited_directly() -> None:
     target = MyLlama(tiny_model("llama", seed=0).config).eval()
     ids, mask = ragged_batch(2)
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
-    assert torch.equal(target.generate(**kwargs, assistant=target), target.generate(**kwargs))
+    assert torch.equal(target.generate(**kwargs, assistant=copy.deepcopy(target)), target.generate(**kwargs))
 
 
 def test_generation_config_object_and_dict_output() -> None:
@@ -86,8 +88,10 @@ def test_streamer_receives_prompt_then_every_committed_token() -> None:
     target = tiny_target("llama")
     ids, _ = ragged_batch(1)
     streamer = _Collect()
-    # The target drafting for itself: every draft accepted, so tokens arrive several at a time.
-    out = target.generate(input_ids=ids, max_new_tokens=20, do_sample=False, assistant=target, streamer=streamer)
+    # The target's twin drafting: every draft accepted, so tokens arrive several at a time.
+    out = target.generate(
+        input_ids=ids, max_new_tokens=20, do_sample=False, assistant=copy.deepcopy(target), streamer=streamer
+    )
     assert streamer.ended
     assert torch.equal(torch.cat(streamer.chunks), out[0])
     assert len(streamer.chunks) < 1 + 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -142,7 +143,7 @@ def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, a
         attention_mask=mask,
         max_new_tokens=NEW,
         do_sample=False,
-        assistant=target,
+        assistant=copy.deepcopy(target),
         num_assistant_tokens=3,
         prompt_lookup_num_tokens=4,
         num_assistant_tokens_schedule="constant",

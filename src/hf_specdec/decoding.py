@@ -105,7 +105,7 @@ def speculative_decode(
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     input_device, device = input_ids.device, model.device
-    input_ids = input_ids.to(device)
+    input_ids = input_ids.to(device=device, dtype=torch.long)  # plain generate() takes any integer ids
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     do_sample = bool(generation_config.do_sample)
     processors = RaggedLogitsProcessor(logits_processor)

@@ -26,7 +26,8 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
     Raises:
         `ValueError`: for a model speculative decoding cannot run (see [`check_architecture`]), empty prompts,
             ids outside the model's vocabulary, an attention mask of another shape, or a row that is all padding.
-        `TypeError`: for `input_ids` that are not `torch.long` token ids.
+        `TypeError`: for `input_ids` that are not integers (other integer types are taken as plain `generate()`
+            takes them, and decoded as `torch.long`).
     """
     check_architecture(model, "target")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -34,10 +35,10 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
             "`input_ids` must be a 2D tensor of token ids, one row per prompt (batch, prompt length); got "
             f"{_describe(input_ids)}."
         )
-    if input_ids.dtype != torch.long:
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise TypeError(
-            f"`input_ids` must hold token ids as torch.long (int64), got {input_ids.dtype}. Pass the tokenizer's "
-            "ids (`tokenizer(..., return_tensors='pt')`), or convert with `input_ids.long()`."
+            f"`input_ids` must hold integer token ids, got {input_ids.dtype}. Pass the tokenizer's ids "
+            "(`tokenizer(..., return_tensors='pt')`), or convert with `input_ids.long()`."
         )
     if input_ids.shape[1] == 0:
         raise ValueError(

@@ -55,10 +55,11 @@ def check_models(
 ) -> None:
     """Raise `ValueError` when `draft` cannot draft for `target`.
 
-    The two must be decoder-only causal LMs (see [`check_architecture`]) on one device, in one dtype, whose
-    token ids mean the same thing; the draft must be another model than the target (a copy with equal weights
-    is fine). Vocabulary sizes may differ (models often pad their embedding matrix), provided both tokenizers are
-    given and are identical.
+    The two must be decoder-only causal LMs (see [`check_architecture`]) whose token ids mean the same thing;
+    the draft must be another model than the target (a copy with equal weights is fine), with its weights
+    loaded. Its device and dtype may differ from the target's (drafts move between devices; the target verifies
+    every token in its own dtype). Vocabulary sizes may differ (models often pad their embedding matrix),
+    provided both tokenizers are given and are identical.
     """
     for role, model in (("target", target), ("draft", draft)):
         check_architecture(model, role)
@@ -68,15 +69,10 @@ def check_models(
             "forward of the target, so this is always slower than plain decoding. Pass a smaller draft model of "
             "the same tokenizer, or use `prompt_lookup_num_tokens=` (no draft model), or drop `assistant=`."
         )
-    if draft.device != target.device:
+    if draft.device.type == "meta":
         raise ValueError(
-            f"The draft is on {draft.device} but the target on {target.device}: every draft step would move "
-            "tensors between devices. Put both on one device, e.g. `draft.to(target.device)`."
-        )
-    if draft.dtype != target.dtype:
-        raise ValueError(
-            f"The draft's dtype is {draft.dtype} but the target's is {target.dtype}. Load both in one dtype "
-            "(`from_pretrained(..., dtype=...)`), or cast the draft with `draft.to(target.dtype)`."
+            "The draft's weights are on the 'meta' device: they hold no values (a model built under "
+            "`init_empty_weights` or not loaded yet). Load the draft's weights, e.g. `from_pretrained(...)`."
         )
     if assistant_tokenizer is not None:
         if tokenizer is None:

@@ -85,7 +85,7 @@ def medusa_decode(
     reject_model_kwargs(model_kwargs)
     do_sample = bool(generation_config.do_sample)
     input_device, device = input_ids.device, model.device
-    input_ids = input_ids.to(device)
+    input_ids = input_ids.to(device=device, dtype=torch.long)  # plain generate() takes any integer ids
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     processors = RaggedLogitsProcessor(logits_processor)
     longest = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
