@@ -74,7 +74,8 @@ class CachedSequence:
         self.model = model
         self.layout = AttentionLayout(model)
         # Full layers always: a sliding-window layer would drop old slots on its own, out of step with `valid`.
-        # The window is applied in the mask instead, on logical positions.
+        # The window is applied in the mask instead, on logical positions, and slots that left it are compacted
+        # away (`forget_out_of_window`).
         self.cache = DynamicCache()
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
@@ -186,10 +187,30 @@ class CachedSequence:
 
     def maybe_compact(self) -> None:
         """Compact once holes make up a quarter of the slots (and at least `MIN_WASTE` slots): attention pays
-        for every slot, a hole or not, while a compaction costs one copy of the cache."""
+        for every slot, a hole or not, while a compaction costs one copy of the cache.
+
+        Call it between steps, once the slots of every row's committed tokens are all that is kept: with
+        sliding-window attention on every layer, the slots that have left the window of their row become holes
+        first (see `forget_out_of_window`), so that the cache stays within the window."""
+        self.forget_out_of_window()
         waste = self.num_slots - int(self.valid.sum(dim=1).max())
         if waste >= MIN_WASTE and waste >= COMPACT_FRACTION * self.num_slots:
             self.compact()
+
+    def forget_out_of_window(self) -> None:
+        """With sliding-window attention on every layer, make holes of the slots no later token of their row
+        can see, so that compaction can drop them.
+
+        A key at logical position p is visible to a query at position t while `t - p < window`, and a row's
+        later tokens come after its cached ones (t > the row's last cached position), so a slot at
+        `p <= last + 1 - window` is never seen again. Models that mix in full-attention layers keep every slot:
+        those layers see all of them, and all layers share one slot layout.
+        """
+        window = self.layout.sliding_window
+        if window is None or self.layout.mixed or self.num_slots == 0:
+            return
+        last = torch.where(self.valid, self.positions, -1).max(dim=1).values  # (B,) -1 for a row with no slot
+        self.valid &= self.positions > (last + 1 - window)[:, None]
 
     def compact(self) -> None:
         """Squeeze holes out of the cache: move every row's valid slots to the right end, in order.
