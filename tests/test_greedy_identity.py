@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ NEW = 40
 
 def _draft(arch: str, kind: str, target):
     if kind == "self":  # everything accepted
-        return target
+        return copy.deepcopy(target)  # a twin: the target itself is refused as its own draft
     if kind == "shallow":  # the target's own first layer: right some of the time
         return tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
     return tiny_model(arch, seed=123, sharpen=4.0)  # unrelated: almost everything rejected
@@ -165,11 +167,11 @@ def test_user_length_and_eos_criteria_are_honoured() -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_draft_vocabulary_keeps_plain_greedy(arch: str, batch: int) -> None:
-    """The draft (the target itself, so only the vocabulary makes it miss) proposes only the 80% of the
+    """The draft (the target's twin, so only the vocabulary makes it miss) proposes only the 80% of the
     output's distinct tokens it uses most, through its decoder and those lm_head rows: outputs unchanged,
     most drafts accepted, but not all (some output tokens are outside the vocabulary)."""
     target = tiny_target(arch)
-    draft = target
+    draft = copy.deepcopy(target)
     ids, mask = ragged_batch(batch, seed=batch)
     plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     counts = count_tokens(plain[:, ids.shape[1] :], plain.max().item() + 1)
