@@ -129,14 +129,14 @@ def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, a
     missed or repeated a token committed by a lookup step would propose something else."""
     target = tiny_target(arch)
     model_steps: list[tuple[list[int], int]] = []
-    commit = HybridDrafter.commit
+    commit = HybridDrafter.commit_chain
 
     def recording_commit(self, num_accepted, num_drafted, next_token):
-        if self.last.source == "model":
+        if not self.last.looked_up:
             model_steps.append((num_accepted.tolist(), num_drafted))
         commit(self, num_accepted, num_drafted, next_token)
 
-    monkeypatch.setattr(HybridDrafter, "commit", recording_commit)
+    monkeypatch.setattr(HybridDrafter, "commit_chain", recording_commit)
     ids, mask = ragged_batch(3, seed=11)
     out = target.generate(
         input_ids=ids,
@@ -156,12 +156,12 @@ def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, a
 def test_lookup_learns_from_model_steps() -> None:
     """On a model step, the lookup's own proposal is scored against the committed tokens: positions it got
     right count as accepted, the first wrong one as rejected, positions past the committed ones not at all."""
-    from hf_specdec.drafting import Proposal
+    from hf_specdec.drafting import Chain
     from hf_specdec.lookup import PromptLookupDrafter
 
     lookup = PromptLookupDrafter(num_tokens=4, max_ngram_size=1)
     lookup._sizes = [1, 1]
-    lookup._last = Proposal(torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), lengths=torch.tensor([4, 4]), source="lookup")
+    lookup._last = Chain(torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), lengths=torch.tensor([4, 4]), looked_up=True)
     # Row 0 committed 5, 6, 9 (two right, then wrong); row 1 committed only 5 (one right, the rest unknown).
     lookup.observe(torch.tensor([[5, 6, 9, 0], [5, 0, 0, 0]]), torch.tensor([3, 1]))
     history = lookup.history[1]

@@ -24,6 +24,7 @@ from tests.test_sampling_distribution import (
     _pvalues,
 )
 from tests.test_sampling_distribution import _target_joint as sampling_joint
+from tests.test_tree_sampling_distribution import BROKEN_RULES
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_target
 
 NEW = 40
@@ -76,7 +77,7 @@ def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     buffer, valid = _buffer([[5, 0], [4, 6, 7, 4, 6], [1, 2, 3, 1]])
     drafter = PromptLookupDrafter(num_tokens=4, max_ngram_size=2)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
-    proposal = drafter.propose(buffer, torch.zeros(3, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
+    proposal = drafter.draft_chain(buffer, torch.zeros(3, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
     assert proposal.lengths.tolist() == [0, 4, 4]  # row 0 has no match; the others repeat what they repeat
     assert proposal.tokens[1].tolist() == [7, 4, 6, 7] and proposal.tokens[2].tolist() == [2, 3, 1, 2]
     assert proposal.q is None and proposal.forwards == 0
@@ -99,7 +100,7 @@ def test_each_match_size_drafts_as_far_as_its_measured_acceptance_pays() -> None
     policy = DraftLengthPolicy(4, "constant", cost_ratio=0.0)
     for k in [0, 3, 1, 4, 2] * 3:  # verification: 0.1 of a one-token forward per extra token and row
         policy.observe_costs(0.0, 0, 1.0 + 0.1 * (2 * (k + 1) - 2), rows=2, verified_per_row=k + 1)
-    proposal = drafter.propose(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
+    proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
     assert drafter._sizes == [1, 3]
     assert proposal.lengths.tolist() == [0, 4]
     assert proposal.tokens[1].tolist() == [4, 5, 6, 1]
@@ -114,7 +115,7 @@ def test_without_the_adaptive_schedule_rows_draft_the_whole_length() -> None:
     drafter = PromptLookupDrafter(num_tokens=5, max_ngram_size=1, adaptive=False)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
     drafter.history[1].update(5, torch.zeros(3, dtype=torch.long))
-    proposal = drafter.propose(buffer, torch.zeros(1, dtype=torch.long), DraftLengthPolicy(5, "constant"), 10)
+    proposal = drafter.draft_chain(buffer, torch.zeros(1, dtype=torch.long), DraftLengthPolicy(5, "constant"), 10)
     assert proposal.lengths.tolist() == [5]
 
 
@@ -215,15 +216,6 @@ def test_the_distribution_check_catches_a_residual_that_keeps_the_rejected_token
     """Negative control: resampling from p itself after a rejection (instead of p without the rejected
     token) over-weights the drafted token, and the same check must see it."""
 
-    def keeps_rejected_token(draft_tokens, p, num_drafted=None, generator=None):
-        batch, k = draft_tokens.shape
-        p_x = p[:, :k].gather(2, draft_tokens[..., None]).squeeze(2)
-        u = torch.rand((batch, k), generator=generator)
-        real = torch.arange(k)[None, :] < num_drafted[:, None]
-        num_accepted = ((u < p_x) & real).long().cumprod(dim=1).sum(dim=1)
-        final = p[torch.arange(batch), num_accepted]
-        return num_accepted, torch.multinomial(final, 1, generator=generator).squeeze(1)
-
-    monkeypatch.setattr(hf_specdec.decoding, "point_draft_sampling", keeps_rejected_token)
+    monkeypatch.setattr(hf_specdec.decoding, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
     (samples_a, _), _ = _lookup_samples((PROMPT_A, PROMPT_B), 2, "plain", seed=2024)
     assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA

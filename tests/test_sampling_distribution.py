@@ -268,7 +268,13 @@ def test_negative_control_broken_acceptance_rules_are_detected(
     broken_rule: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same checks as the positive tests reject the output of broken acceptance rules (p < 1e-6)."""
-    monkeypatch.setattr(hf_specdec.decoding, "speculative_sampling", broken_rule)
+
+    def on_chains(nodes, p, trees, generator=None, q=None):  # the loop verifies a chain as a tree
+        k = nodes.shape[1] - 1
+        num_accepted, next_token = broken_rule(nodes[:, 1:], q[:, :k], p, generator)
+        return num_accepted, num_accepted, next_token
+
+    monkeypatch.setattr(hf_specdec.decoding, "sample_accept_tree", on_chains)
     (samples,), _ = _speculative_samples((PROMPT_A,), 2, "plain", seed=1234)
     pvalues = _pvalues(samples, _target_joint(PROMPT_A, "plain"))
     assert min(pvalues.values()) < POWER_ALPHA, pvalues

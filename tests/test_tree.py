@@ -87,7 +87,7 @@ def test_tree_forward_equals_each_path_alone(arch: str) -> None:
         torch.testing.assert_close(tree_logits[path], alone, rtol=1e-4, atol=1e-4)
     # Keep path [0, 2, 5] and decode one more token: same as feeding that path alone.
     keep = torch.tensor([[0, 2, 5]])
-    seq.keep_nodes(tree.num_nodes, keep, torch.tensor([3]))
+    seq.keep_path(tree.num_nodes, keep, torch.tensor([3]))
     nxt = torch.tensor([[50]])
     after = seq.forward(nxt, torch.ones_like(nxt, dtype=torch.bool), torch.tensor([[9]]), chain_structure(1, "cpu"))
     alone = model(torch.cat([prompt, nodes[:, [0, 2, 5]], nxt], dim=1)).logits[0, -1]

@@ -41,7 +41,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-import hf_specdec.medusa.decoding as medusa_decoding
+import hf_specdec.decoding as medusa_decoding  # the one loop: its acceptance rules are patched here
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
 from hf_specdec.row_trees import RowTrees
 from hf_specdec.tree import DraftTree

@@ -1,26 +1,33 @@
-"""The speculative decoding loop: draft, verify, accept, commit.
+"""The speculative decoding loop: draft, verify, accept, commit, for every drafter.
 
-`speculative_decode` is handed to transformers' `generate()` as its decoding method, after `generate()` has
-prepared the inputs, the generation config, the logits processors and the stopping criteria exactly as for
-plain decoding. The drafts come from a draft model (`assistant=`) or from prompt lookup. Every row of the
-batch runs its own acceptance; finished rows leave the batch.
+`decode` is handed to transformers' `generate()` as its decoding method (through its `custom_generate` hook),
+after `generate()` has prepared the inputs, the generation config, the logits processors and the stopping
+criteria exactly as for plain decoding. Each step a drafter proposes a tree per row rooted at the row's last
+committed token (a chain is a tree of width one: a draft model, prompt lookup; Medusa heads grow real trees);
+the target scores every node in one forward under the trees' attention mask; an acceptance rule keeps the
+deepest node whose path the target agrees with (greedy: token-identical to plain greedy decoding; sampling:
+the target's distribution exactly) and adds one token of the target's own; the path is committed to the
+tokens, the target's KV cache and the drafter. Every row of the batch runs its own acceptance; finished rows
+leave the batch.
+
+`speculative_decode` is the entry point of `generate(assistant=... | prompt_lookup_num_tokens=...)`; Medusa
+heads enter through `hf_specdec.medusa.decoding.medusa_decode`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.acceptance import greedy_accept, point_draft_sampling, speculative_sampling
+from hf_specdec.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.drafting import Drafter
+from hf_specdec.drafting import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal
 from hf_specdec.hybrid import HybridDrafter
 from hf_specdec.inputs import check_prompts
 from hf_specdec.kv_cache import CachedSequence
@@ -28,9 +35,10 @@ from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.masks import chain_structure
 from hf_specdec.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.processing import RaggedLogitsProcessor, verification_scores
-from hf_specdec.row_trees import RowTrees
 from hf_specdec.sequences import TokenBuffer
-from hf_specdec.validation import check_generation_config
+from hf_specdec.validation import check_generation_config, output_vocab_size
+
+ACCEPTANCE = ("exact", "typical")
 
 
 def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -51,14 +59,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@dataclass
-class _Rows:
-    """What the loop tracks per active row besides tokens and caches."""
-
-    next_position: torch.Tensor  # (A,) logical position of the first draft of the next step
-    last_token: torch.Tensor  # (A,) committed, not yet fed to the target
-
-
 @torch.no_grad()
 def speculative_decode(
     model: PreTrainedModel,
@@ -75,18 +75,93 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
-    """Generate with drafted tokens, keeping the target's greedy tokens or its sampling distribution exactly.
+    """Generate with chains drafted by a draft model, by prompt lookup, or by both (each step the one expected
+    to pay more, `HybridDrafter`), keeping the target's greedy tokens or its sampling distribution exactly.
 
     Args:
         model (`PreTrainedModel`): the target.
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
         assistant (`PreTrainedModel`, *optional*): the draft model.
-        prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup; with `assistant` too, each step
-            drafts with whichever of the two is expected to pay more (`HybridDrafter`).
+        prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup.
         draft_length (`DraftLengthPolicy`): how many tokens the draft model drafts per step; it also measures the
             costs every drafter's length rule uses.
         assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
+        streamer, generator, model_kwargs: as for [`decode`].
+    """
+    if assistant is None and prompt_lookup is None:
+        raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
+    make_drafter = functools.partial(
+        _chain_drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab
+    )
+    path = "`assistant=`" if assistant is not None else "prompt lookup"
+    return decode(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        make_drafter=make_drafter,
+        costs=draft_length,
+        path=path,
+        streamer=streamer,
+        generator=generator,
+        **model_kwargs,
+    )
+
+
+def _chain_drafter(
+    context: DraftingContext,
+    assistant: PreTrainedModel | None,
+    prompt_lookup: PromptLookupDrafter | None,
+    assistant_vocab: torch.Tensor | None,
+) -> Drafter:
+    if assistant is None:
+        assert prompt_lookup is not None
+        return prompt_lookup
+    drafter = DraftModelDrafter(
+        assistant,
+        context.vocab_size,
+        context.processors,
+        context.do_sample,
+        context.generator,
+        assistant_vocab,
+        max_tokens=context.costs.max_tokens,
+    )
+    return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)
+
+
+@torch.no_grad()
+def decode(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    *,
+    make_drafter: DrafterFactory,
+    costs: DraftLengthPolicy,
+    path: str,
+    acceptance: str = "exact",
+    typical_epsilon: float = 0.09,
+    typical_delta: float = 0.3,
+    streamer: BaseStreamer | None = None,
+    generator: torch.Generator | None = None,
+    **model_kwargs: Any,
+) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
+    """The speculative decoding loop, for any drafter.
+
+    Args:
+        model (`PreTrainedModel`): the target.
+        input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
+        logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
+        make_drafter (`DrafterFactory`): builds the drafter once the loop knows its processors and sizes.
+        costs (`DraftLengthPolicy`): measures (or holds fixed) the costs drafters weigh; the draft model's
+            length schedule.
+        path (`str`): how error messages name the speculative path the user chose.
+        acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
+            `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
+        typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
         streamer (`BaseStreamer`, *optional*): receives each step's committed tokens (batch size 1).
         generator (`torch.Generator`, *optional*): randomness for sampling, for reproducible runs.
         model_kwargs: `attention_mask` `(batch, prompt)`, 0 on left padding (`None` when there is none);
@@ -96,11 +171,11 @@ def speculative_decode(
         `torch.LongTensor` `(batch, prompt + new)` on the device of `input_ids`, or a
         `SpeculativeDecoderOnlyOutput` when `return_dict_in_generate=True`.
     """
-    if assistant is None and prompt_lookup is None:
-        raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
-    check_generation_config(
-        generation_config, per_token_scores=True, path="`assistant=`" if assistant is not None else "prompt lookup"
-    )
+    check_generation_config(generation_config, per_token_scores=True, path=path)
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}.")
+    if acceptance == "typical" and not generation_config.do_sample:
+        raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
     check_prompts(model, input_ids, model_kwargs.get("attention_mask"))
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
@@ -109,35 +184,36 @@ def speculative_decode(
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     do_sample = bool(generation_config.do_sample)
     processors = RaggedLogitsProcessor(logits_processor)
-    # Scratch after max_length: the k drafts of a step plus the token the target adds.
-    longest = max(draft_length.max_tokens, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
-    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=longest + 1)
-    stats = SpeculativeStats.zeros(input_ids.shape[0])
     recorder = ScoreRecorder(
         input_ids.shape[0], bool(generation_config.output_scores), bool(generation_config.output_logits)
     )
+    stats = SpeculativeStats.zeros(input_ids.shape[0])
 
-    # Prefill both models on the prompts; the target's last logits give the first token.
+    # Prefill the target (and the drafter) on the prompts; the target's last logits give the first token.
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
     target = CachedSequence(model, input_ids.shape[0], device)
-    prompt_structure = chain_structure(input_ids.shape[1], device)
-    logits = target.forward(input_ids, valid, positions, prompt_structure, logits_to_keep=1).logits[:, -1:].float()
+    context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs)
+    drafter = make_drafter(context)
+    hidden_states = drafter.needs_hidden_states
+    out = target.forward(
+        input_ids,
+        valid,
+        positions,
+        chain_structure(input_ids.shape[1], device),
+        logits_to_keep=1,
+        output_hidden_states=hidden_states,
+    )
+    # Scratch after max_length: a step's drafted path plus the token the target adds.
+    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=drafter.max_depth + 1)
+    logits = out.logits[:, -1:].float()
     scores = processors(buffer, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
-    first = choose_token(scores[:, 0], do_sample, generator)  # (B,)
-    drafter: Drafter
-    if assistant is None:
-        assert prompt_lookup is not None
-        drafter = prompt_lookup
-    else:
-        drafter = DraftModelDrafter(assistant, logits.shape[-1], processors, do_sample, generator, assistant_vocab)
-        if prompt_lookup is not None:
-            drafter = HybridDrafter(drafter, prompt_lookup)
+    last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     drafter.prefill(input_ids, valid, positions)
-    emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
+    emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
     recorder.record(buffer.active, emitted, scores, logits)
-    stream(streamer, first[:, None], emitted)
-    drafter.start(first)
-    rows = _Rows(next_position=positions[:, -1] + 2, last_token=first)
+    stream(streamer, last_token[:, None], emitted)
+    drafter.start(last_token, out.hidden_states[-1][:, -1:] if hidden_states else None)
+    next_position = positions[:, -1] + 2  # (B,) logical position of the first drafted node
 
     while True:
         keep = buffer.retire(finished)
@@ -146,24 +222,79 @@ def speculative_decode(
         if keep.numel() < finished.numel():
             target.select_rows(keep)
             drafter.select_rows(keep)
-            rows = _Rows(rows.next_position[keep], rows.last_token[keep])
-        finished = _step(
-            model,
-            target,
-            drafter,
-            buffer,
-            rows,
-            processors,
-            draft_length,
-            stats,
-            streamer,
-            do_sample,
-            generator,
-            recorder,
+            next_position, last_token = next_position[keep], last_token[keep]
+
+        # Draft: a tree per row; no path longer than the least advanced row can still commit.
+        started = time.perf_counter()
+        budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
+        proposal = drafter.propose(buffer, last_token, next_position, costs, max_tokens=budget)
+        nodes, trees = proposal.nodes, proposal.trees
+        synchronize(device)
+        drafted = time.perf_counter()
+
+        # Verify: one target forward over every node under the trees' ancestor mask.
+        node_positions = (next_position[:, None] - 1 + trees.depths).clamp_max(buffer.max_length - 1)
+        out = target.forward(nodes, trees.real, node_positions, trees.ancestors, output_hidden_states=hidden_states)
+        logits = out.logits.float()
+        scores = verification_scores(processors, buffer, nodes, logits, trees, do_sample)  # (A, N, V)
+
+        # Accept: the deepest node with a right path, then one token of the target's own.
+        last_node, num_accepted, next_token = _accept(
+            proposal, scores, do_sample, acceptance, typical_epsilon, typical_delta, generator
         )
 
-    stats.costs = draft_length.estimated_costs
+        # Commit: the accepted path's tokens (stopping where plain decoding would) and KV entries, in order.
+        path_nodes = trees.path_to(last_node)  # (A, D+1), the root first
+        new_tokens = torch.cat([nodes.gather(1, path_nodes[:, 1:].clamp_min(0)), next_token[:, None]], dim=1)
+        new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])  # (A, D+1)
+        on_path = path_nodes.clamp_min(0)[:, :, None].expand(-1, -1, scores.shape[-1])  # (A, D+1, V)
+        path_scores, path_logits = scores.gather(1, on_path), logits.gather(1, on_path)  # what chose each token
+        emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
+        recorder.record(buffer.active, emitted, path_scores, path_logits)
+        stream(streamer, new_tokens, emitted)
+        target.keep_path(trees.num_nodes, path_nodes, num_accepted + 1)
+        target.maybe_compact()
+        hidden = None
+        if hidden_states:
+            states = out.hidden_states[-1]  # (A, N, H)
+            hidden = states.gather(1, last_node[:, None, None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
+        drafter.commit(Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden))
+        next_position = next_position + num_accepted + 1
+        last_token = next_token
+
+        synchronize(device)
+        verified = time.perf_counter()
+        rows, width = nodes.shape
+        costs.observe_costs(drafted - started, proposal.forwards, verified - drafted, rows=rows, verified_per_row=width)
+        drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
+        stats.record_step(buffer.active, drafted_per_row, num_accepted, emitted)
+        stats.lookup_steps += proposal.looked_up
+        stats.draft_seconds += drafted - started
+        stats.verify_seconds += verified - drafted
+
+    stats.costs = costs.estimated_costs
     return finish(buffer, generation_config, stats, streamer, input_device, recorder)
+
+
+def _accept(
+    proposal: Proposal,
+    scores: torch.Tensor,
+    do_sample: bool,
+    acceptance: str,
+    typical_epsilon: float,
+    typical_delta: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(last_node, num_accepted, next_token)` per row, by the acceptance rule of this call."""
+    nodes, trees = proposal.nodes, proposal.trees
+    if not do_sample:
+        return greedy_accept_tree(nodes, scores, trees)
+    p = torch.softmax(scores, dim=-1)
+    if acceptance == "typical":
+        return typical_accept_tree(nodes, p, trees, typical_epsilon, typical_delta, generator)
+    if proposal.q is None:  # children proposed with certainty
+        return sample_accept_tree(nodes, p, trees, generator)
+    return sample_accept_tree(nodes, p, trees, generator, q=proposal.q)
 
 
 def finish(
@@ -187,78 +318,6 @@ def finish(
         logits = recorder.logits() if recorder is not None else None
         return SpeculativeDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, speculative=stats)
     return sequences
-
-
-def _step(
-    model: PreTrainedModel,
-    target: CachedSequence,
-    drafter: Drafter,
-    buffer: TokenBuffer,
-    rows: _Rows,
-    processors: RaggedLogitsProcessor,
-    policy: DraftLengthPolicy,
-    stats: SpeculativeStats,
-    streamer: BaseStreamer | None,
-    do_sample: bool,
-    generator: torch.Generator | None,
-    recorder: ScoreRecorder,
-) -> torch.Tensor:
-    """One speculative step for every active row; updates `rows` in place and returns which rows finished."""
-    device = model.device
-    # Draft: up to k tokens per row; never more than the least advanced row can still commit.
-    started = time.perf_counter()
-    budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
-    proposal = drafter.propose(buffer, rows.next_position, policy, max_tokens=budget)
-    draft_tokens = proposal.tokens  # (A, k)
-    k = draft_tokens.shape[1]
-    synchronize(device)
-    drafted = time.perf_counter()
-
-    # Verify: one target forward over the last committed token and the k drafts.
-    verify_ids = torch.cat([rows.last_token[:, None], draft_tokens], dim=1)  # (A, k+1)
-    verify_positions = rows.next_position[:, None] - 1 + torch.arange(k + 1, device=device)  # (A, k+1)
-    verify_positions = verify_positions.clamp_max(buffer.max_length - 1)  # past it nothing can be kept
-    every = torch.ones_like(verify_ids, dtype=torch.bool)
-    logits = target.forward(verify_ids, every, verify_positions, chain_structure(k + 1, device)).logits.float()
-    chain = RowTrees.chain(k + 1, device).expand(verify_ids.shape[0])
-    if proposal.lengths is not None:  # a row's filler after its own drafts is never accepted
-        chain = dataclasses.replace(chain, real=chain.depths <= proposal.lengths[:, None])
-    scores = verification_scores(processors, buffer, verify_ids, logits, chain, do_sample)  # (A, k+1, V)
-
-    # Accept: the longest prefix the target agrees with, then one token of the target's own.
-    if not do_sample:
-        num_accepted, next_token = greedy_accept(draft_tokens, scores, proposal.lengths)
-    elif proposal.q is not None:
-        num_accepted, next_token = speculative_sampling(draft_tokens, proposal.q, scores.softmax(dim=-1), generator)
-    else:  # drafts proposed with certainty (prompt lookup)
-        num_accepted, next_token = point_draft_sampling(
-            draft_tokens, scores.softmax(dim=-1), proposal.lengths, generator
-        )
-
-    # Commit: append the accepted tokens (stopping where plain decoding would), roll both caches back.
-    new_tokens = torch.cat([draft_tokens, next_token[:, None]], dim=1)  # (A, k+1)
-    new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])
-    emitted, finished = buffer.commit(new_tokens, num_accepted + 1, scores)
-    recorder.record(buffer.active, emitted, scores, logits)
-    stream(streamer, new_tokens, emitted)
-    target.keep_prefix(k + 1, num_accepted + 1)
-    drafter.commit(num_accepted, k, next_token)
-    target.maybe_compact()
-    rows.next_position += num_accepted + 1
-    rows.last_token = next_token
-
-    synchronize(device)
-    verified = time.perf_counter()
-    if proposal.source == "model":  # the draft model's length schedule learns from its own steps only
-        policy.update(k, num_accepted)
-    policy.observe_costs(
-        drafted - started, proposal.forwards, verified - drafted, rows=verify_ids.shape[0], verified_per_row=k + 1
-    )
-    stats.record_step(buffer.active, k if proposal.lengths is None else proposal.lengths, num_accepted, emitted)
-    stats.lookup_steps += proposal.source == "lookup"
-    stats.draft_seconds += drafted - started
-    stats.verify_seconds += verified - drafted
-    return finished
 
 
 def stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:

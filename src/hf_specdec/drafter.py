@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.drafting import Proposal
+from hf_specdec.drafting import Chain, ChainDrafter
 from hf_specdec.kv_cache import CachedSequence
 from hf_specdec.masks import chain_structure
 from hf_specdec.processing import RaggedLogitsProcessor
@@ -26,7 +26,7 @@ from hf_specdec.validation import output_vocab_size
 from hf_specdec.vocab import VocabularyRows, check_token_ids
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(ChainDrafter):
     """Proposes a chain of tokens per row with a draft model.
 
     Args:
@@ -38,6 +38,7 @@ class DraftModelDrafter:
         token_ids (`torch.LongTensor`, *optional*): a draft vocabulary (see `hf_specdec.vocab`): the draft then
             runs its decoder and projects onto these rows of its lm_head only, and proposes only these tokens;
             its distribution q is the softmax over them (zero elsewhere), which keeps sampling exact.
+        max_tokens (`int`): the most tokens a step drafts (the length schedule's `max_tokens`).
     """
 
     def __init__(
@@ -48,8 +49,11 @@ class DraftModelDrafter:
         do_sample: bool,
         generator: torch.Generator | None = None,
         token_ids: torch.Tensor | None = None,
+        max_tokens: int = 16,
     ) -> None:
         self.model = model
+        self.max_depth = max_tokens
+        self._policy: DraftLengthPolicy | None = None
         self.device = model.device
         self.target_vocab_size = target_vocab_size
         self.token_ids: torch.Tensor | None = None
@@ -85,7 +89,7 @@ class DraftModelDrafter:
             logits_to_keep=1,
         )
 
-    def start(self, first_token: torch.Tensor) -> None:
+    def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Record the target's first generated token `(batch,)` as pending."""
         self.pending = torch.stack([first_token, first_token], dim=1).to(self.device)  # (B, 2)
         self.pending_count = torch.ones_like(first_token, device=self.device)
@@ -121,9 +125,9 @@ class DraftModelDrafter:
             return torch.cat([logits, pad], dim=-1)
         return logits
 
-    def propose(
+    def draft_chain(
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> Proposal:
+    ) -> Chain:
         """Draft up to `policy.current` tokens (and at most `max_tokens`, at least one) for every active row.
 
         Each drafted token is written into `buffer` right after the row's committed tokens (not committed):
@@ -136,9 +140,10 @@ class DraftModelDrafter:
             max_tokens (`int`): how many tokens any row can still commit after this step's first.
 
         Returns:
-            A `Proposal`: `(active, k)` drafted tokens on the buffer's device, and when sampling the draft
+            A `Chain`: `(active, k)` drafted tokens on the buffer's device, and when sampling the draft
             distributions `(active, k, vocab)` they were drawn from; one draft forward per drafted token.
         """
+        self._policy = policy
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         target_device = buffer.tokens.device
         num_tokens = max(1, min(policy.current, max_tokens))
@@ -182,17 +187,19 @@ class DraftModelDrafter:
         draft_tokens = torch.stack(tokens, dim=1)  # (A, k)
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
         q = torch.stack(probs, dim=1) if self.do_sample else None
-        return Proposal(draft_tokens, q=q, forwards=draft_tokens.shape[1])
+        return Chain(draft_tokens, q=q, forwards=draft_tokens.shape[1])
 
-    def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
-        """Roll the draft's cache back to the accepted drafts and queue the tokens it has not seen.
+    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+        """Roll the draft's cache back to the accepted drafts, queue the tokens it has not seen, and let the
+        length schedule learn from the step.
 
         Args:
             num_accepted (`torch.LongTensor` of shape `(active,)`): accepted drafts per row.
             num_drafted (`int`): k, the number drafted this step (the last one was never fed to the draft).
             next_token (`torch.LongTensor` of shape `(active,)`): the target's token after the accepted ones.
         """
-        assert self.seq is not None and self.pending is not None
+        assert self.seq is not None and self.pending is not None and self._policy is not None
+        self._policy.update(num_drafted, num_accepted)
         num_accepted = num_accepted.to(self.device)
         kept_drafts = torch.clamp(num_accepted, max=num_drafted - 1)  # the last draft was never fed
         self.seq.keep_prefix(self._fed, self._pending_width + kept_drafts)

@@ -1,57 +1,211 @@
-"""What the speculative decoding loop asks of a drafter, whatever proposes the tokens.
+"""What the decoding loop asks of a drafter, whatever proposes the tokens: one protocol for chains and trees.
 
-Two drafters implement it: `DraftModelDrafter` (a smaller causal LM, `generate(assistant=...)`) and
-`PromptLookupDrafter` (n-gram matches in each row's own tokens, `generate(prompt_lookup_num_tokens=...)`).
+Every step a drafter proposes, for each active row, a tree of tokens rooted at the row's last committed token
+(a chain is a tree of width one); the loop verifies every node in one target forward, accepts the deepest
+node whose path the target agrees with, commits that path and tells the drafter what it kept.
+
+Drafters: `DraftModelDrafter` (a smaller causal LM, `generate(assistant=...)`), `PromptLookupDrafter` (n-gram
+matches in each row's own tokens), `HybridDrafter` (each step one of the two), and `MedusaDrafter` (Medusa or
+recurrent heads, static or dynamic trees, with prompt lookup grafted on).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
+from transformers import PreTrainedModel
 
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.row_trees import RowTrees
 from hf_specdec.sequences import TokenBuffer
 
 
 class Proposal(NamedTuple):
-    """One step's drafted tokens for every active row.
+    """One step's drafts for every active row, as a tree per row.
 
     Attributes:
-        tokens (`torch.LongTensor` of shape `(active, k)`): the drafted tokens, on the buffer's device.
-        q (`torch.Tensor` of shape `(active, k, vocab)`, *optional*): when sampling, the distributions the drafts
-            were drawn from; `None` for greedy decoding, and for drafters that propose with certainty (q is
-            then 1 on the drafted token), whose verification needs no q.
-        lengths (`torch.LongTensor` of shape `(active,)`, *optional*): how many of the k tokens each row really
-            drafted, when rows draft different numbers; the rest is filler that is never accepted. `None`: all k.
-        forwards (`int`): how many draft-model forward passes the proposal took (0 for a lookup).
-        source (`str`): `"model"` (a draft model) or `"lookup"` (prompt lookup).
+        nodes (`torch.LongTensor` of shape `(active, N)`): every node's token, node 0 the root (the row's last
+            committed token, which the target scores first), then the drafted tokens, parents before children.
+        trees (`RowTrees`): each row's tree over the `N` nodes (padding nodes are not `real`: never accepted).
+        q (`torch.Tensor` of shape `(active, N, vocab)`, *optional*): when sampling, the distribution at each
+            node from which a drafter drew its children; `None` for greedy decoding and for drafters that
+            propose with certainty (prompt lookup, Medusa heads: each child a point mass).
+        drafted (`torch.LongTensor` of shape `(active,)`): tokens drafted per row (for the statistics).
+        forwards (`int`): draft-model forward passes the proposal took (0 for a lookup or heads).
+        looked_up (`bool`): whether prompt lookup drafted any of it (for the statistics).
     """
+
+    nodes: torch.Tensor
+    trees: RowTrees
+    q: torch.Tensor | None = None
+    drafted: torch.Tensor | None = None
+    forwards: int = 0
+    looked_up: bool = False
+
+    @property
+    def depth(self) -> int:
+        """The most drafted tokens a step can accept."""
+        return self.trees.depth
+
+
+class Accepted(NamedTuple):
+    """What the loop committed in a step, per active row.
+
+    Attributes:
+        path (`torch.LongTensor` of shape `(active, D+1)`): the accepted nodes, root first, -1 after the last.
+        num_accepted (`torch.LongTensor` of shape `(active,)`): drafted tokens accepted (the path's length - 1).
+        next_token (`torch.LongTensor` of shape `(active,)`): the target's own token after them.
+        tokens (`torch.LongTensor` of shape `(active, D+1)`): the accepted drafts, then `next_token`.
+        emitted (`torch.LongTensor` of shape `(active,)`): how many of `tokens` were committed (fewer where an EOS,
+            a stopping criterion or the length limit cut the row).
+        hidden (`torch.Tensor` of shape `(active, 1, hidden)`, *optional*): the target's last hidden state at the
+            last accepted node (the one that chose `next_token`), for drafters that read it.
+    """
+
+    path: torch.Tensor
+    num_accepted: torch.Tensor
+    next_token: torch.Tensor
+    tokens: torch.Tensor
+    emitted: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftingContext:
+    """What the loop knows once `generate()` has prepared it, for building its drafter.
+
+    Attributes:
+        target (`PreTrainedModel`): the target (the base model for Medusa heads).
+        processors (`RaggedLogitsProcessor`): the logits processors of this call.
+        do_sample (`bool`): sampling (else greedy).
+        generator (`torch.Generator`, *optional*): randomness for sampling.
+        vocab_size (`int`): the target's number of logits.
+        costs (`DraftLengthPolicy`): the loop's cost meter, with the draft model's length schedule (the same
+            object every `propose` receives).
+    """
+
+    target: PreTrainedModel
+    processors: RaggedLogitsProcessor
+    do_sample: bool
+    generator: torch.Generator | None
+    vocab_size: int
+    costs: DraftLengthPolicy
+
+
+class Drafter(Protocol):
+    """Proposes trees of tokens for the target to verify, and follows what the target committed."""
+
+    #: Whether `start` and `commit` need the target's last hidden state (Medusa heads read it).
+    needs_hidden_states: bool
+    #: The most drafted tokens one step's path can hold (room the token buffer keeps after `max_length`).
+    max_depth: int
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """See the prompts `(batch, prompt)`: which tokens are real (`valid`) and their logical positions."""
+
+    def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Record the target's first generated token `(batch,)` (and the hidden state `(batch, 1, H)` that
+        chose it, when `needs_hidden_states`)."""
+
+    def propose(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: DraftLengthPolicy,
+        max_tokens: int,
+    ) -> Proposal:
+        """Draft a tree per active row, rooted at `last_token` `(active,)`, whose paths hold at most
+        `max_tokens` drafted tokens; `next_position` `(active,)` is the logical position of the first draft;
+        `costs` the loop's measured costs (and the draft model's length schedule). Drafters whose own choices
+        read the prefix write the drafted tokens into `buffer`, uncommitted."""
+
+    def commit(self, accepted: Accepted) -> None:
+        """Follow what the loop committed (roll caches back to the accepted path, learn acceptance rates)."""
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
+
+
+#: Builds the drafter of one `generate()` call once the loop has prepared its context.
+DrafterFactory = Callable[[DraftingContext], Drafter]
+
+
+def chain_proposal(
+    last_token: torch.Tensor,
+    tokens: torch.Tensor,
+    q: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+    forwards: int = 0,
+    looked_up: bool = False,
+) -> Proposal:
+    """A chain per row as a `Proposal`.
+
+    Args:
+        last_token (`torch.LongTensor` of shape `(active,)`): the root.
+        tokens (`torch.LongTensor` of shape `(active, k)`): the drafted tokens, in order.
+        q (`torch.Tensor` of shape `(active, k, vocab)`, *optional*): the distribution each draft was drawn from.
+        lengths (`torch.LongTensor` of shape `(active,)`, *optional*): how many of the k tokens each row really
+            drafted (the rest is filler, never accepted); all k when `None`.
+        forwards, looked_up: as in `Proposal`.
+    """
+    batch, k = tokens.shape
+    nodes = torch.cat([last_token[:, None].to(tokens.device), tokens], dim=1)  # (A, k+1)
+    trees = RowTrees.chain(k + 1, tokens.device).expand(batch)
+    drafted = torch.full((batch,), k, dtype=torch.long, device=tokens.device) if lengths is None else lengths
+    if lengths is not None:  # filler after a row's own drafts: padding, tried by no rule
+        real = trees.depths <= lengths[:, None]  # (A, k+1)
+        children = torch.where(trees.depths[..., None] < lengths[:, None, None], trees.children, -1)  # (A, k+1, 1)
+        trees = dataclasses.replace(trees, real=real, children=children)
+    if q is not None:  # q at node j: what node j's child (draft j) was drawn from; the last node has no child
+        q = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)
+    return Proposal(nodes, trees, q, drafted, forwards, looked_up)
+
+
+class Chain(NamedTuple):
+    """A chain drafter's proposal in its own terms (see `chain_proposal` for the arguments)."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
     forwards: int = 0
-    source: str = "model"
+    looked_up: bool = False
 
 
-class Drafter(Protocol):
-    """Proposes tokens for the target to verify, and follows what the target committed."""
+class ChainDrafter:
+    """The `Drafter` protocol for drafters that propose one chain per row: they implement `draft_chain` and
+    `commit_chain` (with the number of tokens drafted), and this base turns them into trees and back."""
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
-        """See the prompts `(batch, prompt)`: which tokens are real (`valid`) and their logical positions."""
+    needs_hidden_states = False
+    max_depth: int
+    _num_drafted = 0
 
-    def start(self, first_token: torch.Tensor) -> None:
-        """Record the target's first generated token `(batch,)`."""
+    def draft_chain(
+        self, buffer: TokenBuffer, next_position: torch.Tensor, costs: DraftLengthPolicy, max_tokens: int
+    ) -> Chain:
+        raise NotImplementedError
+
+    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Nothing to do by default: chain drafters read committed tokens from the buffer."""
 
     def propose(
-        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: DraftLengthPolicy,
+        max_tokens: int,
     ) -> Proposal:
-        """Draft up to `policy.current` tokens (at most `max_tokens`) per active row and write them into
-        `buffer` after each row's committed tokens (uncommitted), where the logits processors read them."""
+        chain = self.draft_chain(buffer, next_position, costs, max_tokens)
+        self._num_drafted = chain.tokens.shape[1]
+        return chain_proposal(last_token, *chain)
 
-    def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
-        """Row b accepted `num_accepted[b]` of the `num_drafted` tokens, then the target chose `next_token[b]`."""
-
-    def select_rows(self, keep: torch.Tensor) -> None:
-        """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
+    def commit(self, accepted: Accepted) -> None:
+        self.commit_chain(accepted.num_accepted, self._num_drafted, accepted.next_token)

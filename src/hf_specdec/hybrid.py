@@ -25,7 +25,7 @@ import torch
 
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.drafting import Proposal
+from hf_specdec.drafting import Chain, ChainDrafter
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.sequences import TokenBuffer
 
@@ -33,7 +33,7 @@ from hf_specdec.sequences import TokenBuffer
 _SMOOTHING = 0.2
 
 
-class HybridDrafter:
+class HybridDrafter(ChainDrafter):
     """Drafts each step by prompt lookup or with the draft model, whichever is expected to commit more tokens
     per unit of cost.
 
@@ -45,30 +45,31 @@ class HybridDrafter:
     def __init__(self, model: DraftModelDrafter, lookup: PromptLookupDrafter) -> None:
         self.model = model
         self.lookup = lookup
+        self.max_depth = max(model.max_depth, lookup.max_depth)
         self.model_tokens: float | None = None  # mean committed tokens per row in recent model steps
         self.model_drafts: float | None = None  # mean drafted tokens (draft forwards) in recent model steps
-        self.last: Proposal | None = None
+        self.last: Chain | None = None
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         self.model.prefill(input_ids, valid, positions)
         self.lookup.prefill(input_ids, valid, positions)
 
-    def start(self, first_token: torch.Tensor) -> None:
+    def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         self.model.start(first_token)
 
-    def propose(
+    def draft_chain(
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> Proposal:
+    ) -> Chain:
         """A lookup proposal when it is expected to pay more per unit of cost than a model step, else the
         draft model's (`policy`: the loop's, for the draft model's length and the measured costs)."""
-        looked_up = self.lookup.propose(buffer, next_position, policy, max_tokens)
+        looked_up = self.lookup.draft_chain(buffer, next_position, policy, max_tokens)
         if self._lookup_pays(looked_up, int(buffer.active.numel()), policy):
             self.last = looked_up
         else:
-            self.last = self.model.propose(buffer, next_position, policy, max_tokens)
+            self.last = self.model.draft_chain(buffer, next_position, policy, max_tokens)
         return self.last
 
-    def _lookup_pays(self, looked_up: Proposal, rows: int, policy: DraftLengthPolicy) -> bool:
+    def _lookup_pays(self, looked_up: Chain, rows: int, policy: DraftLengthPolicy) -> bool:
         k = looked_up.tokens.shape[1]
         if k == 0 or self.model_tokens is None or self.model_drafts is None:
             return False
@@ -77,12 +78,12 @@ class HybridDrafter:
         model_rate = self.model_tokens / (1.0 + (policy.cost_ratio + v * rows) * self.model_drafts)
         return lookup_rate > model_rate
 
-    def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         assert self.last is not None
         committed = torch.cat([self.last.tokens, next_token[:, None]], dim=1)  # (A, k+1)
         committed.scatter_(1, num_accepted[:, None], next_token[:, None])  # accepted drafts, then the target's
-        if self.last.source == "model":
-            self.model.commit(num_accepted, num_drafted, next_token)
+        if not self.last.looked_up:
+            self.model.commit_chain(num_accepted, num_drafted, next_token)
             # What the lookup would have drafted is known too: learn from it, so lookup can win again.
             self.lookup.observe(committed, num_accepted + 1)
             tokens, drafts = 1.0 + float(num_accepted.float().mean()), float(num_drafted)
@@ -92,7 +93,7 @@ class HybridDrafter:
                 self.model_tokens += _SMOOTHING * (tokens - self.model_tokens)
                 self.model_drafts += _SMOOTHING * (drafts - self.model_drafts)
             return
-        self.lookup.commit(num_accepted, num_drafted, next_token)
+        self.lookup.commit_chain(num_accepted, num_drafted, next_token)
         self.model.catch_up(committed, num_accepted + 1)
 
     def select_rows(self, keep: torch.Tensor) -> None:

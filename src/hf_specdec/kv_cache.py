@@ -155,8 +155,11 @@ class CachedSequence:
         offsets = torch.arange(keep_max, device=self.valid.device)  # (keep_max,)
         self.valid[:, start:] &= offsets[None, :] < num_keep[:, None]
 
-    def keep_nodes(self, num_new: int, nodes: torch.Tensor, num_keep: torch.Tensor) -> None:
+    def keep_path(self, num_new: int, nodes: torch.Tensor, num_keep: torch.Tensor) -> None:
         """Keep, for each row, the slots of an accepted tree path, in path order, and drop the other nodes.
+
+        The kept slots are moved in place to the front of the last `num_new` (nothing moves when every row's
+        path is a prefix of the nodes, as for a chain), then the rest is dropped as by [`keep_prefix`].
 
         Args:
             num_new (`int`): how many slots the last forward appended (the tree's nodes, root first).
@@ -164,20 +167,19 @@ class CachedSequence:
                 `num_new` slots) to keep, in order; entries past `num_keep[b]` are ignored.
             num_keep (`torch.LongTensor` of shape `(batch,)`): how many of `nodes` each row keeps.
         """
-        keep_max = int(num_keep.max())
-        nodes = nodes[:, :keep_max].clamp_min(0)  # (B, keep_max); ignored entries point at any real node
-        start = self.num_slots - num_new
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            layer.keys = torch.cat([layer.keys[:, :, :start], _gather_slots(layer.keys[:, :, start:], nodes)], dim=2)
-            layer.values = torch.cat(
-                [layer.values[:, :, :start], _gather_slots(layer.values[:, :, start:], nodes)], dim=2
-            )
-        kept_valid = self.valid[:, start:].gather(1, nodes)  # (B, keep_max)
-        kept_valid &= torch.arange(keep_max, device=nodes.device)[None, :] < num_keep[:, None]
-        self.valid = torch.cat([self.valid[:, :start], kept_valid], dim=1)
-        self.positions = torch.cat([self.positions[:, :start], self.positions[:, start:].gather(1, nodes)], dim=1)
+        keep_max = int(num_keep.max()) if num_keep.numel() else 0
+        offsets = torch.arange(keep_max, device=nodes.device)
+        nodes = torch.where(offsets[None, :] < num_keep[:, None], nodes[:, :keep_max], offsets[None, :])
+        if not bool((nodes == offsets[None, :]).all()):
+            start = self.num_slots - num_new
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                    continue
+                layer.keys[:, :, start : start + keep_max] = _gather_slots(layer.keys[:, :, start:], nodes)
+                layer.values[:, :, start : start + keep_max] = _gather_slots(layer.values[:, :, start:], nodes)
+            self.valid[:, start : start + keep_max] = self.valid[:, start:].gather(1, nodes)
+            self.positions[:, start : start + keep_max] = self.positions[:, start:].gather(1, nodes)
+        self.keep_prefix(num_new, num_keep)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows of the batch (finished rows leave the batch and cost nothing more)."""

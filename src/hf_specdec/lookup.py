@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from hf_specdec.draft_length import AcceptanceHistory, DraftLengthPolicy
-from hf_specdec.drafting import Proposal
+from hf_specdec.drafting import Chain, ChainDrafter
 from hf_specdec.sequences import TokenBuffer
 
 # Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
@@ -66,7 +66,7 @@ def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: i
     return tokens[:0], 0
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(ChainDrafter):
     """Drafts, for every row, the continuation of its last n-gram's most recent earlier occurrence.
 
     Args:
@@ -83,22 +83,20 @@ class PromptLookupDrafter:
         self.num_tokens = num_tokens
         self.max_ngram_size = max_ngram_size
         self.adaptive = adaptive
+        self.max_depth = num_tokens
         # Acceptance by draft position, per matched n-gram size.
         self.history = {n: AcceptanceHistory(PRIOR_ACCEPTANCE[min(n, 3)]) for n in range(1, max_ngram_size + 1)}
         self.starts: torch.Tensor | None = None  # (A,) first real token of each active row (after left padding)
-        self._last: Proposal | None = None
+        self._last: Chain | None = None
         self._sizes: list[int] = []  # matched n-gram size per row in the last proposal (0: no match)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Note where each row's real tokens start, so that left padding is never matched."""
         self.starts = valid.long().argmax(dim=1).cpu()  # (B,) first valid column (0 when the row has none)
 
-    def start(self, first_token: torch.Tensor) -> None:
-        """Nothing to do: the lookup reads committed tokens from the buffer."""
-
-    def propose(
+    def draft_chain(
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> Proposal:
+    ) -> Chain:
         """Look up up to `num_tokens` tokens (at most `max_tokens`) for every active row and write them into
         `buffer` after each row's committed tokens (uncommitted), where the logits processors of verification
         read them. `policy`: the loop's, which measures what verifying one more token per row costs.
@@ -126,7 +124,7 @@ class PromptLookupDrafter:
         device = buffer.tokens.device
         tokens, lengths = tokens.to(device), lengths.to(device)
         buffer.write(0, tokens)
-        self._last = Proposal(tokens, lengths=lengths, source="lookup")
+        self._last = Chain(tokens, lengths=lengths, looked_up=bool((lengths > 0).any()))
         return self._last
 
     def expected_tokens(self) -> float:
@@ -140,7 +138,7 @@ class PromptLookupDrafter:
         )
         return total / max(len(lengths), 1)
 
-    def commit(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         """Record, for each matched n-gram size, how far its rows' drafts were accepted."""
         assert self._last is not None and self._last.lengths is not None
         self._record(num_drafted, num_accepted.cpu(), self._last.lengths.cpu())

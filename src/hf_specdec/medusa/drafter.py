@@ -1,0 +1,100 @@
+"""Medusa heads as a drafter: each step a tree of the heads' candidates per row (the same tree every step, or
+one grown per row from the heads' probabilities), with prompt lookup's continuation grafted on when asked."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.drafting import Accepted, DraftingContext, Proposal
+from hf_specdec.dynamic_tree import DynamicTree
+from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.medusa.heads import DraftHeads
+from hf_specdec.row_trees import RowTrees
+from hf_specdec.sequences import TokenBuffer
+from hf_specdec.tree import DraftTree
+from hf_specdec.tree_lookup import graft_chains
+
+
+class MedusaDrafter:
+    """Proposes the heads' candidates as a tree per row, read off the base's last hidden state.
+
+    Children are the heads' top-ranked tokens (or, grafted, prompt lookup's), chosen from the committed context
+    alone: each a point mass, so verification needs no q.
+
+    Args:
+        context (`DraftingContext`): the loop's context (the base model's lm_head and embeddings are read).
+        heads (`DraftHeads`): Medusa's or recurrent heads on the base's last hidden state.
+        tree (`DraftTree` or `DynamicTree`): the same tree every step, or one grown per row and step (with a
+            depth set).
+        prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
+            its tree (`hf_specdec.tree_lookup`), as far as the measured acceptance of its matches pays for
+            verifying it.
+    """
+
+    needs_hidden_states = True
+
+    def __init__(
+        self,
+        context: DraftingContext,
+        heads: DraftHeads,
+        tree: DraftTree | DynamicTree,
+        prompt_lookup: PromptLookupDrafter | None = None,
+    ) -> None:
+        if isinstance(tree, DynamicTree) and tree.depth is None:
+            raise ValueError("MedusaDrafter needs a DynamicTree with a depth (generate() sets the heads' own).")
+        self.heads = heads
+        self.tree = tree
+        self.prompt_lookup = prompt_lookup
+        self.lm_head = context.target.get_output_embeddings()
+        self.embeddings = context.target.get_input_embeddings()
+        device = context.target.device
+        self.static = RowTrees.from_tree(tree, device) if isinstance(tree, DraftTree) else None
+        self.max_depth = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
+        self.hidden: torch.Tensor | None = None  # (A, 1, H) the base's state that chose each row's last token
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.prefill(input_ids, valid, positions)
+
+    def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        self.hidden = hidden
+
+    def propose(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: DraftLengthPolicy,
+        max_tokens: int,
+    ) -> Proposal:
+        """The heads' candidates after each row's last token (the root), with lookup's chain grafted on."""
+        assert self.hidden is not None
+        hidden = self.hidden[:, -1]
+        if self.static is not None:
+            assert isinstance(self.tree, DraftTree)
+            nodes = self.heads.tree_candidates(hidden, last_token, self.tree, self.lm_head, self.embeddings)
+            trees = self.static.expand(nodes.shape[0])
+        else:
+            assert isinstance(self.tree, DynamicTree)
+            nodes, trees = self.heads.dynamic_candidates(hidden, last_token, self.tree, self.lm_head, self.embeddings)
+        looked_up = False
+        if self.prompt_lookup is not None:
+            chain = self.prompt_lookup.draft_chain(buffer, next_position, costs, max_tokens)
+            assert chain.lengths is not None
+            nodes, trees = graft_chains(nodes, trees, chain.tokens, chain.lengths)
+            looked_up = chain.looked_up
+        return Proposal(nodes, trees, drafted=trees.row_depths, looked_up=looked_up)
+
+    def commit(self, accepted: Accepted) -> None:
+        """Keep the base's state at the last accepted node (the heads read it next), and let prompt lookup learn
+        what its matches would have committed."""
+        self.hidden = accepted.hidden
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.observe(accepted.tokens, accepted.emitted)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        assert self.hidden is not None
+        self.hidden = self.hidden[keep]
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.select_rows(keep)
