@@ -15,6 +15,8 @@ from tokenizers.pre_tokenizers import Split
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
     PreTrainedTokenizerFast,
     StoppingCriteria,
     StoppingCriteriaList,
@@ -199,3 +201,33 @@ def test_a_draft_with_a_smaller_embedding_matrix_never_drafts_ids_it_cannot_read
     assert (ours[:, ids.shape[1] :] >= 64).any()  # the draft really read past its vocabulary
     if not do_sample:
         assert torch.equal(ours, plain)
+
+
+class _OnlyAllowed(LogitsProcessor):
+    """A user constraint: only `allowed` tokens after the prompt (raising, as a parser of the prefix may, when
+    called on a prefix that breaks it), by masking alone (no fallback when nothing is left)."""
+
+    def __init__(self, prompt_length: int, allowed: set[int]) -> None:
+        self.prompt_length, self.allowed = prompt_length, torch.tensor(sorted(allowed))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids[:, self.prompt_length :]
+        assert bool((torch.isin(generated, self.allowed) | (generated == PAD)).all()), f"impossible {generated}"
+        return scores.masked_fill(~torch.isin(torch.arange(scores.shape[-1]), self.allowed), float("-inf"))
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_draft_the_constraints_leave_nothing_to_propose_stops_drafting(do_sample: bool) -> None:
+    """Found by the fuzzer: where the processors rule out every token a draft can propose (here a draft
+    vocabulary disjoint from what a user processor allows), the row stops drafting; no processor then sees a
+    token the constraint forbids (before the fix the row drafted token 0 and the next position raised)."""
+    target = _target()
+    ids, mask = ragged_batch(2, seed=8)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 8, "do_sample": do_sample}
+    kwargs["logits_processor"] = LogitsProcessorList([_OnlyAllowed(ids.shape[1], set(range(50, 60)))])
+    draft = tiny_model("llama", seed=1, num_layers=1, sharpen=4.0)
+    torch.manual_seed(0)
+    out = target.generate(**kwargs, assistant=draft, assistant_vocab=list(range(10, 40)), return_dict_in_generate=True)
+    assert int(out.speculative.drafted_tokens.sum()) == 0  # nothing the draft could propose was allowed
+    if not do_sample:
+        assert torch.equal(out.sequences, target.generate(**kwargs))

@@ -158,16 +158,24 @@ class DraftModelDrafter(ChainDrafter):
         self._pending_width = width
         self._fed = width
         policy.start_step()
+        rows = torch.arange(ids.shape[0], device=target_device)
+        # Rows whose processors rule out every token the draft can propose (constrained generation with a draft
+        # vocabulary, or ids past a smaller draft vocabulary) stop drafting there: their later positions are
+        # filler, never shown to the processors and never accepted.
+        lengths = torch.full_like(rows, num_tokens)
         for j in range(num_tokens):
             outputs = self.seq.forward(
                 self._embeddable(ids), valid, positions, chain_structure(ids.shape[1], self.device), 1
             )
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
-            scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, logits)[:, 0]
-            # Processors may rule out every token the draft can propose (constrained generation with a draft
-            # vocabulary, or ids past a smaller draft vocabulary): such a row drafts from the uniform
-            # distribution instead, which verification handles like any other q.
-            scores = torch.where(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0, scores)
+            drafting = rows[lengths > j]  # (D,)
+            scores = logits[:, 0].clone()
+            scores[drafting] = self.processors(
+                buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
+            )[:, 0]
+            stopped = torch.isneginf(scores).all(dim=-1) | (lengths <= j)  # (A,)
+            lengths = torch.where(stopped, torch.minimum(lengths, torch.full_like(lengths, j)), lengths)
+            scores = torch.where(stopped[:, None], 0.0, scores)  # filler rows: any token
             if self.do_sample:
                 q = torch.softmax(scores, dim=-1)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
@@ -176,10 +184,12 @@ class DraftModelDrafter(ChainDrafter):
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             buffer.write(j, token[:, None])
-            if j + 1 == num_tokens:
+            if j + 1 == num_tokens or not bool((lengths > j).any()):
                 break
-            if policy.may_stop and policy.should_stop(q if self.do_sample else torch.softmax(scores, dim=-1)):
-                break
+            if policy.may_stop:  # rows that stopped drafting gain nothing from another draft: confidence 0
+                confidence = q if self.do_sample else torch.softmax(scores, dim=-1)
+                if policy.should_stop(confidence.masked_fill((lengths <= j)[:, None], 0.0)):
+                    break
             ids = token[:, None].to(self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)
             positions = (next_position.to(self.device)[:, None] + j).clamp_max(last_position)
@@ -187,7 +197,9 @@ class DraftModelDrafter(ChainDrafter):
         draft_tokens = torch.stack(tokens, dim=1)  # (A, k)
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
         q = torch.stack(probs, dim=1) if self.do_sample else None
-        return Chain(draft_tokens, q=q, forwards=draft_tokens.shape[1])
+        k = draft_tokens.shape[1]
+        lengths = lengths.clamp_max(k)
+        return Chain(draft_tokens, q=q, lengths=None if bool((lengths == k).all()) else lengths, forwards=k)
 
     def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         """Roll the draft's cache back to the accepted drafts, queue the tokens it has not seen, and let the
