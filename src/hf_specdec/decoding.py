@@ -26,8 +26,10 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
 from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.draft_tree import DraftTreeDrafter
 from hf_specdec.drafter import DraftModelDrafter
 from hf_specdec.drafting import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal
+from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.hybrid import HybridDrafter
 from hf_specdec.inputs import check_prompts
 from hf_specdec.kv_cache import CachedSequence
@@ -71,12 +73,14 @@ def speculative_decode(
     prompt_lookup: PromptLookupDrafter | None = None,
     draft_length: DraftLengthPolicy,
     assistant_vocab: torch.Tensor | None = None,
+    tree: DynamicTree | None = None,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
     """Generate with chains drafted by a draft model, by prompt lookup, or by both (each step the one expected
-    to pay more, `HybridDrafter`), keeping the target's greedy tokens or its sampling distribution exactly.
+    to pay more, `HybridDrafter`), or with trees grown by a draft model (`tree`), keeping the target's greedy
+    tokens or its sampling distribution exactly.
 
     Args:
         model (`PreTrainedModel`): the target.
@@ -87,12 +91,16 @@ def speculative_decode(
         draft_length (`DraftLengthPolicy`): how many tokens the draft model drafts per step; it also measures the
             costs every drafter's length rule uses.
         assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
+        tree (`DynamicTree`, *optional*): the draft model grows this tree per row and step (`DraftTreeDrafter`)
+            instead of a chain; not with prompt lookup.
         streamer, generator, model_kwargs: as for [`decode`].
     """
     if assistant is None and prompt_lookup is None:
         raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
+    if tree is not None and (assistant is None or prompt_lookup is not None):
+        raise ValueError("A draft tree is grown by a draft model alone: pass `assistant=` without prompt lookup.")
     make_drafter = functools.partial(
-        _chain_drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab
+        _drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab, tree=tree
     )
     path = "`assistant=`" if assistant is not None else "prompt lookup"
     return decode(
@@ -110,15 +118,26 @@ def speculative_decode(
     )
 
 
-def _chain_drafter(
+def _drafter(
     context: DraftingContext,
     assistant: PreTrainedModel | None,
     prompt_lookup: PromptLookupDrafter | None,
     assistant_vocab: torch.Tensor | None,
+    tree: DynamicTree | None,
 ) -> Drafter:
     if assistant is None:
         assert prompt_lookup is not None
         return prompt_lookup
+    if tree is not None:
+        return DraftTreeDrafter(
+            assistant,
+            context.vocab_size,
+            context.processors,
+            context.do_sample,
+            context.generator,
+            assistant_vocab,
+            tree=tree,
+        )
     drafter = DraftModelDrafter(
         assistant,
         context.vocab_size,

@@ -80,11 +80,20 @@ class DynamicTree:
         Returns:
             `(nodes, trees)`: the token of every node `(batch, num_nodes + 1)`, the root first, and the trees.
         """
+        grown = self.grow_pool(root, expand, to_token_ids)
+        nodes, trees, _ = grown.select(self.num_nodes)
+        return nodes, trees
+
+    def grow_pool(
+        self, root: torch.Tensor, expand: Expander, to_token_ids: Callable[[torch.Tensor], torch.Tensor]
+    ) -> GrownPool:
+        """Every node growing produces, before the best `num_nodes` are chosen (see `grow`)."""
         if self.depth is None:
             raise ValueError("Give the DynamicTree a depth (generate() sets it to the heads' own depth).")
-        batch, device = root.shape[0], root.device
+        batch = root.shape[0]
         tokens, parents, scores = [root[:, None]], [root.new_full((batch, 1), -1)], [root.new_zeros(batch, 1).float()]
         frontier = root.new_zeros(batch, 1)  # pool indices of the nodes to expand
+        frontiers = [frontier]
         frontier_tokens, frontier_scores = root[:, None], scores[0]
         parent_slot: torch.Tensor | None = None
         size = 1
@@ -102,14 +111,43 @@ class DynamicTree:
                 parent_slot = best // k
                 frontier, frontier_tokens = size + best, child_tokens.gather(1, best)
                 frontier_scores = child_scores.gather(1, best)
+                frontiers.append(frontier)
             size += child_scores.shape[1]
-        pool_tokens, pool_parents, pool_scores = torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1)
+        return GrownPool(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1), frontiers)
+
+
+@dataclass(frozen=True)
+class GrownPool:
+    """Every node a dynamic tree grew, indexed in growing order (the root is 0, a parent before its children).
+
+    Attributes:
+        tokens, parents, scores (`(batch, pool)`): each node's token, parent (pool index, -1 for the root) and
+            score (the log-probability of its path; -inf where the drafter ruled the node out).
+        frontiers (`list` of `(batch, F)`): the pool indices of the nodes expanded at each depth, the root first.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    scores: torch.Tensor
+    frontiers: list[torch.Tensor]
+
+    def select(self, num_nodes: int) -> tuple[torch.Tensor, RowTrees, torch.Tensor]:
+        """The tree of the `num_nodes` best-scored nodes: `(nodes, trees, chosen)`, the token of every node
+        `(batch, num_nodes + 1)` (the root first), the trees, and the pool index of every tree node after the
+        root `(batch, num_nodes)`. Nodes scored -inf (ruled out) are padding: never tried, never accepted."""
+        batch, size = self.tokens.shape
+        device = self.tokens.device
         # The best-scored nodes; a stable sort puts a parent before a child of equal score.
-        order = torch.sort(pool_scores[:, 1:], dim=1, descending=True, stable=True).indices + 1
-        chosen = order[:, : self.num_nodes].sort(dim=1).values  # (B, n): pool order, so parents come first
+        order = torch.sort(self.scores[:, 1:], dim=1, descending=True, stable=True).indices + 1
+        chosen = order[:, :num_nodes].sort(dim=1).values  # (B, n): pool order, so parents come first
         renumber = torch.zeros(batch, size, dtype=torch.long, device=device)  # pool index -> tree node
         renumber.scatter_(1, chosen, torch.arange(1, chosen.shape[1] + 1, device=device).expand_as(chosen))
-        tree_parents = renumber.gather(1, pool_parents.gather(1, chosen))
-        nodes = torch.cat([root[:, None], pool_tokens.gather(1, chosen)], dim=1)
-        tree_parents = torch.cat([root.new_full((batch, 1), -1), tree_parents], dim=1)
-        return nodes, RowTrees.from_parents(tree_parents, validate=False)  # a tree by construction
+        tree_parents = renumber.gather(1, self.parents.gather(1, chosen))
+        nodes = torch.cat([self.tokens[:, :1], self.tokens.gather(1, chosen)], dim=1)
+        tree_parents = torch.cat([self.tokens.new_full((batch, 1), -1), tree_parents], dim=1)
+        ruled_out = torch.isneginf(self.scores.gather(1, chosen))  # (B, n)
+        if not bool(ruled_out.any()):
+            return nodes, RowTrees.from_parents(tree_parents, validate=False), chosen  # a tree by construction
+        real = torch.cat([torch.ones_like(ruled_out[:, :1]), ~ruled_out], dim=1)
+        tree_parents = torch.where(real, tree_parents, 0)  # padding hangs from the root
+        return nodes, RowTrees.from_parents(tree_parents, real=real, validate=False), chosen

@@ -86,14 +86,20 @@ class CachedSequence:
         return self.valid.shape[1]
 
     def _mask(
-        self, new_valid: torch.Tensor, new_positions: torch.Tensor, structure: torch.Tensor
+        self,
+        new_valid: torch.Tensor,
+        new_positions: torch.Tensor,
+        structure: torch.Tensor,
+        recent: torch.Tensor | None = None,
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         dtype = self.model.dtype
         key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
-        full = visibility(self.valid, new_valid, structure)  # (B, q, P+q)
+        full = visibility(self.valid, new_valid, structure, recent=recent)  # (B, q, P+q)
         if self.layout.sliding_window is None:
             return to_additive(full, dtype)
-        window = visibility(self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window)
+        window = visibility(
+            self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window, recent
+        )
         if not self.layout.mixed:
             return to_additive(window, dtype)
         return {"full_attention": to_additive(full, dtype), "sliding_attention": to_additive(window, dtype)}
@@ -106,6 +112,7 @@ class CachedSequence:
         structure: torch.Tensor,
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
+        recent: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast:
         """Run the model on new tokens, appending them to the cache.
 
@@ -117,11 +124,13 @@ class CachedSequence:
                 tokens (one per row when rows verify different trees).
             logits_to_keep (`int`): compute logits for the last this many tokens only; 0 keeps all.
             output_hidden_states (`bool`): also return the hidden states (for heads on the last layer).
+            recent (`torch.BoolTensor` of shape `(batch, q, S)`, *optional*): which of the last `S` slots each new
+                token sees (a tree fed over several forwards, see `masks.visibility`).
 
         Returns:
             The model's `CausalLMOutputWithPast`; `logits` has shape `(batch, q, vocab)`.
         """
-        mask = self._mask(new_valid, new_positions, structure)
+        mask = self._mask(new_valid, new_positions, structure, recent)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         outputs = self.model(
             input_ids=input_ids,

@@ -21,6 +21,7 @@ def visibility(
     key_positions: torch.Tensor | None = None,
     query_positions: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    recent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Which keys every new query may attend to.
 
@@ -35,6 +36,9 @@ def visibility(
         query_positions (`torch.LongTensor` of shape `(batch, q)`, *optional*): logical position of every
             new token; needed only with `sliding_window`.
         sliding_window (`int`, *optional*): a key is visible when `query_pos - key_pos < sliding_window`.
+        recent (`torch.BoolTensor` of shape `(batch, q, S)`, *optional*): which of the last `S` past slots each
+            new query may see (a tree fed over several forwards: a node sees the nodes fed before it only when
+            they are its ancestors); the earlier past slots follow `past_valid` alone.
 
     Returns:
         `torch.BoolTensor` of shape `(batch, q, past + q)`. Every query sees its own slot, so even a padding
@@ -43,6 +47,9 @@ def visibility(
     batch, q = new_valid.shape
     past = past_valid.shape[1]
     past_part = past_valid[:, None, :].expand(batch, q, past)  # (B, q, P)
+    if recent is not None and recent.shape[-1]:
+        past_part = past_part.clone()
+        past_part[..., past - recent.shape[-1] :] &= recent
     new_part = structure.expand(batch, q, q) & new_valid[:, None, :]  # (B, q, q)
     visible = torch.cat([past_part, new_part], dim=2)  # (B, q, P+q)
     if sliding_window is not None:

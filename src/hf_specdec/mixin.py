@@ -28,6 +28,8 @@ from hf_specdec.arguments import (
 )
 from hf_specdec.decoding import speculative_decode
 from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.draft_tree import draft_tree_spec
+from hf_specdec.dynamic_tree import DynamicTree
 from hf_specdec.lookup import PromptLookupDrafter
 from hf_specdec.validation import check_models, output_vocab_size
 from hf_specdec.vocab import check_token_ids
@@ -48,6 +50,9 @@ class SpeculativeGenerationMixin:
             is expected to cost more than it brings), `"constant"` or `"heuristic"`.
         assistant_confidence_threshold (`float`): stop drafting once the draft's top probability falls below
             this in every row (default: off).
+        tree (`DynamicTree` or `int`): with `assistant=`, the draft model grows a tree per row and step instead of a
+            chain (EAGLE-2-style: `top_k` children per frontier node, the best `num_nodes` verified in one target
+            forward; an int is a number of nodes with the default shape). Not with prompt lookup.
         assistant_vocab (`torch.LongTensor` or list of ids): a draft vocabulary, e.g. the most frequent tokens
             (`hf_specdec.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
             lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target still
@@ -77,11 +82,17 @@ class SpeculativeGenerationMixin:
         *args: Any,
         assistant: PreTrainedModel | None = None,
         assistant_vocab: torch.Tensor | Sequence[int] | None = None,
+        tree: DynamicTree | int | None = None,
         **kwargs: Any,
     ) -> Any:
         lookup_tokens = requested(self, generation_config, kwargs, "prompt_lookup_num_tokens")  # type: ignore[arg-type]
         if assistant is None and assistant_vocab is not None:
             raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
+        if assistant is None and tree is not None:
+            raise ValueError(
+                "`tree=` is the tree a draft model grows: pass `assistant=` too (Medusa heads take "
+                "`tree=` in MedusaForCausalLM.generate(medusa=True))."
+            )
         if assistant is None and lookup_tokens is None:
             return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
         if args:
@@ -102,6 +113,13 @@ class SpeculativeGenerationMixin:
         lookup = lookup_settings(self, generation_config, kwargs)  # type: ignore[arg-type]
         schedule = _pick(requested(self, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)  # type: ignore[arg-type]
         policy = self._draft_length_policy(generation_config, kwargs, assistant, lookup, schedule, costs)
+        if tree is not None and lookup is not None:
+            raise ValueError(
+                "`tree=` with `prompt_lookup_num_tokens`: a draft model grows trees alone for now; drop one of them."
+            )
+        for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+            if tree is not None and passed(generation_config, kwargs, name):  # type: ignore[arg-type]
+                raise ValueError(f"`{name}` sets a draft chain's length; with `tree=` the DynamicTree sets the shape.")
         prompt_lookup = None
         if lookup is not None:
             prompt_lookup = PromptLookupDrafter(
@@ -115,6 +133,7 @@ class SpeculativeGenerationMixin:
             prompt_lookup=prompt_lookup,
             draft_length=policy,
             assistant_vocab=assistant_vocab,
+            tree=None if tree is None else draft_tree_spec(tree),
             streamer=kwargs.get("streamer"),
         )
         return super().generate(inputs, generation_config, custom_generate=decode, **kwargs)  # type: ignore[misc]

@@ -1,0 +1,233 @@
+"""A draft model that proposes a tree per row: `generate(assistant=draft, tree=DynamicTree(...))`.
+
+A chain bets every draft on the draft's single best continuation; where the draft hesitates between two
+tokens, a tree verifies both in the same target forward. The tree grows as Medusa's dynamic trees do (after
+EAGLE-2, `hf_specdec.dynamic_tree`): from the root (the row's last committed token), depth by depth, every
+frontier node gets the draft's `top_k` likeliest next tokens, and the `top_k` best-scored of those (by the
+draft's probability of their whole path) become the next frontier, fed to the draft in one forward under a
+tree mask (each node sees the committed tokens and its own ancestors); then the `num_nodes` best-scored nodes
+form the tree the target verifies. One draft forward per depth, whatever the width.
+
+The draft's probabilities are processed by the call's logits processors, each node with its own prefix, so
+its candidates obey them. Children are the draft's top candidates (chosen from the context alone, not drawn),
+so verification treats each as a point mass: greedy decoding keeps plain greedy's tokens and sampling keeps the
+target's distribution exactly (`acceptance.sample_accept_tree`).
+
+The draft's cache keeps, after each step, the committed tokens and the accepted path's nodes it was fed (moved
+into path order); a path's last node, if never fed (a leaf), is fed at the next step with the target's token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers import PreTrainedModel
+
+from hf_specdec.draft_length import DraftLengthPolicy
+from hf_specdec.drafter import DraftModelDrafter
+from hf_specdec.drafting import Accepted, Proposal
+from hf_specdec.dynamic_tree import DynamicTree
+from hf_specdec.masks import chain_structure
+from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.sequences import TokenBuffer
+
+# A draft tree's shape when `tree=` gives only its size (`tree=8`): measured defaults for a draft model.
+DEFAULT_DEPTH = 6
+DEFAULT_TOP_K = 2
+
+
+def draft_tree_spec(tree: DynamicTree | int) -> DynamicTree:
+    """The tree a draft model grows for `generate(assistant=..., tree=...)`: a `DynamicTree` (depth
+    `DEFAULT_DEPTH` when unset), or a number of nodes."""
+    if isinstance(tree, bool) or not isinstance(tree, (DynamicTree, int)):
+        raise TypeError(
+            f"With `assistant=`, `tree` is a hf_specdec.DynamicTree or a number of nodes, got {type(tree).__name__}."
+        )
+    if isinstance(tree, int):
+        depth = DEFAULT_DEPTH
+        top_k = DEFAULT_TOP_K
+        return DynamicTree(num_nodes=min(tree, top_k + (depth - 1) * top_k**2), depth=depth, top_k=top_k)
+    if tree.depth is None:
+        tree = dataclasses.replace(tree, depth=DEFAULT_DEPTH)
+    return tree
+
+
+class DraftTreeDrafter(DraftModelDrafter):
+    """Grows a tree per row with a draft model (see the module's docstring).
+
+    Args:
+        model, target_vocab_size, processors, do_sample, generator, token_ids: as for `DraftModelDrafter`.
+        tree (`DynamicTree`): the tree to grow, with its depth set.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        target_vocab_size: int,
+        processors: RaggedLogitsProcessor,
+        do_sample: bool,
+        generator: torch.Generator | None = None,
+        token_ids: torch.Tensor | None = None,
+        *,
+        tree: DynamicTree,
+    ) -> None:
+        if tree.depth is None:
+            raise ValueError("DraftTreeDrafter needs a DynamicTree with a depth (see `draft_tree_spec`).")
+        super().__init__(model, target_vocab_size, processors, do_sample, generator, token_ids, max_tokens=tree.depth)
+        self.tree = tree
+        self._fed_pool: torch.Tensor | None = None  # (A, F) pool index of every tree node fed this step
+        self._chosen: torch.Tensor | None = None  # (A, n) pool index of every tree node after the root
+        self._nodes: torch.Tensor | None = None  # (A, n + 1) the tree's tokens
+
+    def propose(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: DraftLengthPolicy,
+        max_tokens: int,
+    ) -> Proposal:
+        """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one)."""
+        assert self.seq is not None and self.pending is not None and self.pending_count is not None
+        depth = max(1, min(self.tree.depth or 1, max_tokens))
+        spec = self.tree
+        if depth != spec.depth:
+            spec = DynamicTree(num_nodes=1, depth=depth, top_k=spec.top_k)
+            spec = dataclasses.replace(spec, num_nodes=min(self.tree.num_nodes, spec.max_nodes))
+        target_device = buffer.tokens.device
+        rows = buffer.active.shape[0]
+        last_position = buffer.max_length - 1
+        width = int(self.pending_count.max())
+        offsets = torch.arange(-width, 0, device=self.device)
+        self._pending_width = width
+        state = _Growth(rows, target_device)
+
+        def expand(tokens: torch.Tensor, parent_slot: torch.Tensor | None) -> torch.Tensor:
+            """The draft's processed log-probabilities after every frontier node `(A, F, V)`."""
+            assert self.seq is not None and self.pending is not None and self.pending_count is not None
+            if parent_slot is None:  # the root: feed what the draft has not seen yet, ending with the root
+                ids = self.pending[:, self.pending.shape[1] - width :]
+                valid = offsets[None, :] >= -self.pending_count[:, None]
+                positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp_max(last_position)
+                out = self.seq.forward(self._embeddable(ids), valid, positions, chain_structure(width, self.device), 1)
+                logits = self._logits(out).to(target_device)  # (A, 1, V)
+            else:
+                state.advance(tokens, parent_slot)
+                positions = (next_position[:, None] - 1 + state.depth).clamp_max(last_position).to(self.device)
+                out = self.seq.forward(
+                    self._embeddable(tokens.to(self.device)),
+                    state.alive.to(self.device),
+                    positions.expand_as(tokens),
+                    torch.eye(tokens.shape[1], dtype=torch.bool, device=self.device),
+                    0,
+                    recent=state.recent().to(self.device),
+                )
+                logits = self._logits_all(out).to(target_device)  # (A, F, V)
+            return state.log_probs(self.processors, buffer, logits)
+
+        grown = spec.grow_pool(last_token, expand, lambda ids: ids)
+        nodes, trees, chosen = grown.select(spec.num_nodes)
+        fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
+        self._fed = width + fed_pool.shape[1]
+        self._fed_pool, self._chosen, self._nodes = fed_pool, chosen, nodes
+        drafted = trees.real[:, 1:].sum(dim=1)
+        return Proposal(nodes, trees, None, drafted, forwards=len(grown.frontiers))
+
+    def _logits_all(self, outputs: object) -> torch.Tensor:
+        """Float32 logits `(A, F, target_vocab)` at every fed position (see `_logits` for the last one)."""
+        if self._projection is None:
+            return self._to_target_vocab(outputs.logits.float())  # type: ignore[attr-defined]
+        weight, bias = self._projection
+        assert self.token_ids is not None
+        hidden = outputs.last_hidden_state  # type: ignore[attr-defined]
+        restricted = torch.nn.functional.linear(hidden.to(weight.device), weight, bias).float().to(hidden.device)
+        logits = restricted.new_full((*restricted.shape[:2], self.target_vocab_size), float("-inf"))
+        return logits.index_copy_(-1, self.token_ids.to(hidden.device), restricted)
+
+    def commit(self, accepted: Accepted) -> None:
+        """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
+        queue the path's last node if it was never fed, then the target's token."""
+        assert self.seq is not None and self._fed_pool is not None and self._chosen is not None
+        assert self._nodes is not None
+        path, num_accepted, next_token = accepted.path, accepted.num_accepted, accepted.next_token
+        width = self._pending_width
+        # Pool index of every accepted node after the root (-1 past the path).
+        tree_nodes = path[:, 1:]  # (A, D)
+        pool = torch.where(tree_nodes > 0, self._chosen.gather(1, (tree_nodes - 1).clamp_min(0)), -1)
+        fed = self._fed_pool.to(pool.device)  # (A, F)
+        match = (pool[:, :, None] == fed[:, None, :]) & (pool[:, :, None] >= 0)  # (A, D, F)
+        was_fed = match.any(dim=2)  # (A, D): every accepted node but maybe the last
+        slot = width + (match.to(torch.int8).argmax(dim=2) if match.shape[2] else torch.zeros_like(pool))  # (A, D)
+        kept_nodes = was_fed.sum(dim=1)  # (A,)
+        keep = torch.cat([torch.arange(width, device=path.device).expand(path.shape[0], width), slot], dim=1)
+        self.seq.keep_path(self._fed, keep.to(self.device), (width + kept_nodes).to(self.device))
+        self.seq.maybe_compact()
+        # The last accepted node, if it was a leaf, has not been fed: it comes before the target's token.
+        last = self._nodes.gather(1, path.gather(1, num_accepted[:, None]).clamp_min(0)).squeeze(1)
+        unfed = (num_accepted > 0) & (kept_nodes < num_accepted)
+        first = torch.where(unfed, last, next_token)
+        self.pending = torch.stack([first, next_token], dim=1).to(self.device)
+        self.pending_count = (1 + unfed.long()).to(self.device)
+
+
+class _Growth:
+    """The bookkeeping of one step's growth: for every frontier node, its ancestors among the nodes fed to the
+    draft earlier in the step, its drafted tokens (the prefix its processors read), and whether it is still
+    alive (not ruled out by the processors)."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.rows, self.device = rows, device
+        self.depth = 0
+        self.frontier_recent = torch.zeros(rows, 1, 0, dtype=torch.bool, device=device)  # (A, F, S) ancestors fed
+        self.paths = torch.zeros(rows, 1, 0, dtype=torch.long, device=device)  # (A, F, depth) tokens after root
+        self.alive = torch.ones(rows, 1, dtype=torch.bool, device=device)  # (A, F)
+        self.last_log_probs: torch.Tensor | None = None  # (A, F, V) of the previous frontier
+
+    def advance(self, tokens: torch.Tensor, parent_slot: torch.Tensor) -> None:
+        """The next frontier: `tokens` `(A, F)`, children of the previous frontier's nodes `parent_slot`."""
+        assert self.last_log_probs is not None
+        previous_width = self.last_log_probs.shape[1]
+        rows = torch.arange(self.rows, device=self.device)[:, None]
+        parent_logp = self.last_log_probs[rows, parent_slot].gather(2, tokens[..., None]).squeeze(2)  # (A, F)
+        self.alive = self.alive.gather(1, parent_slot) & ~torch.isneginf(parent_logp)
+        # Ancestors among fed slots: the parent's, plus the parent itself (fed at the previous depth) unless the
+        # parent is the root (fed with the committed tokens).
+        recent = self.frontier_recent.gather(1, parent_slot[..., None].expand(-1, -1, self.frontier_recent.shape[2]))
+        if self.depth > 0:
+            own = torch.nn.functional.one_hot(parent_slot, previous_width).bool()  # (A, F, F_prev)
+            recent = torch.cat([recent, own], dim=2)
+        self.paths = torch.cat(
+            [self.paths.gather(1, parent_slot[..., None].expand(-1, -1, self.paths.shape[2])), tokens[..., None]],
+            dim=2,
+        )
+        self.depth += 1
+        self.frontier_recent = recent
+
+    def recent(self) -> torch.Tensor:
+        """`(A, F, S)`: which nodes fed earlier this step each new frontier node sees (its ancestors)."""
+        return self.frontier_recent
+
+    def log_probs(self, processors: RaggedLogitsProcessor, buffer: TokenBuffer, logits: torch.Tensor) -> torch.Tensor:
+        """Process the draft's logits after every frontier node `(A, F, V)` with the node's own prefix; nodes
+        ruled out, and rows whose processors leave nothing, get -inf everywhere (their children are padding)."""
+        width = logits.shape[1]
+        lengths = buffer.active_lengths
+        if processors.prefix_free:
+            scores = processors(buffer, buffer.active, lengths, logits)  # prefix-free: positions do not matter
+        else:
+            scores = logits.clone()
+            for f in range(width):
+                shown = self.alive[:, f].nonzero(as_tuple=True)[0]
+                if shown.numel() == 0:
+                    continue
+                if self.depth:
+                    buffer.write(0, self.paths[shown, f], rows=shown)
+                scores[shown, f] = processors(
+                    buffer, buffer.active[shown], lengths[shown] + self.depth, logits[shown, f][:, None]
+                )[:, 0]
+        scores = scores.masked_fill(~self.alive[..., None], float("-inf"))
+        none_left = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        log_probs = torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))
+        self.last_log_probs = log_probs
+        return log_probs

@@ -1,0 +1,113 @@
+"""A draft model growing a tree per row (`generate(assistant=draft, tree=DynamicTree(...))`): greedy identity on
+every architecture, the draft's cache kept in step with the accepted paths, the target's sampling distribution,
+and errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec import DynamicTree
+from tests.goodness_of_fit import sample_copies
+from tests.test_sampling_distribution import (
+    ALPHA,
+    MAX_NEW,
+    NUM_SAMPLES,
+    PAD,
+    POWER_ALPHA,
+    PROMPT_A,
+    PROMPT_B,
+    SAMPLING,
+    _models,
+    _pvalues,
+)
+from tests.test_sampling_distribution import _target_joint as sampling_joint
+from tests.test_tree_sampling_distribution import BROKEN_RULES
+from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
+
+NEW = 30
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", ["twin", "shallow"])
+def test_draft_trees_keep_plain_greedy(arch: str, batch: int, kind: str) -> None:
+    target = tiny_target(arch)
+    draft = copy.deepcopy(target) if kind == "twin" else tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(batch, seed=batch)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": NEW, "do_sample": False}
+    if kind == "shallow":
+        kwargs["repetition_penalty"] = 1.3  # a processor that reads each node's prefix
+    plain = target.generate(**kwargs)
+    out = target.generate(
+        **kwargs, assistant=draft, tree=DynamicTree(num_nodes=6, depth=4, top_k=2), return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, plain)
+    if kind == "twin":  # the twin's own best path is always among the nodes, and is accepted
+        assert out.speculative.summary()["tau"] > 2.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_the_drafts_cache_follows_the_accepted_paths(arch: str) -> None:
+    """A twin drafting a width-one tree: every drafted token is accepted at every step, which it would not be if
+    the draft's cache lost or repeated a token of the accepted path (fed over several forwards) or of the
+    target's own."""
+    target = tiny_target(arch)
+    ids, mask = ragged_batch(3, seed=4)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 41, "do_sample": False, "eos_token_id": None}
+    out = target.generate(
+        **kwargs,
+        assistant=copy.deepcopy(target),
+        tree=DynamicTree(num_nodes=4, depth=4, top_k=1),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, target.generate(**kwargs))
+    stats = out.speculative
+    assert torch.equal(stats.accepted_tokens, stats.drafted_tokens)  # nothing rejected
+    assert stats.target_forwards.tolist() == [8, 8, 8]  # 1 + 8 x (4 + 1) = 41 tokens
+
+
+def _tree_samples(mode: str, seed: int) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
+    target, draft = _models()
+    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
+    tree = DynamicTree(num_nodes=6, depth=3, top_k=2)
+    return sample_copies(
+        target, (PROMPT_A, PROMPT_B), NUM_SAMPLES, PAD, MAX_NEW, seed, assistant=draft, tree=tree, **sampling
+    )
+
+
+@pytest.mark.parametrize("mode", ["plain", "warped"])
+def test_draft_tree_sampling_follows_the_target_distribution(mode: str) -> None:
+    (samples_a, samples_b), stats = _tree_samples(mode, seed=77)
+    rate = stats.summary()["acceptance_rate"]
+    assert 0.05 < rate < 0.95, rate  # drafts are accepted and rejected
+    for samples, prompt in ((samples_a, PROMPT_A), (samples_b, PROMPT_B)):
+        pvalues = _pvalues(samples, sampling_joint(prompt, mode))
+        assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
+
+
+def test_a_broken_rule_on_draft_trees_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hf_specdec.decoding, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
+    (samples_a, _), _ = _tree_samples("plain", seed=78)
+    assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tree": 6}, "pass `assistant=` too"),
+        ({"tree": 6, "assistant": "draft", "prompt_lookup_num_tokens": 3}, "grows trees alone"),
+        ({"tree": 6, "assistant": "draft", "num_assistant_tokens": 3}, "`num_assistant_tokens` sets a draft chain"),
+        ({"tree": "wide", "assistant": "draft"}, "DynamicTree or a number of nodes"),
+    ],
+)
+def test_errors(kwargs: dict, message: str) -> None:
+    target = tiny_target("llama")
+    if kwargs.get("assistant") == "draft":
+        kwargs["assistant"] = tiny_model("llama", seed=1, num_layers=1)
+    ids, _ = ragged_batch(1)
+    with pytest.raises((ValueError, TypeError), match=message):
+        target.generate(input_ids=ids, max_new_tokens=4, **kwargs)
