@@ -119,3 +119,21 @@ def test_prompt_lookup_methods_run_without_a_draft(batch_size: int) -> None:
         assert summary["hf-lookup"]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
     else:
         assert "batch size 1" in result.skipped["hf-lookup"]
+
+
+def test_draft_tree_methods_by_size_run_and_keep_identity() -> None:
+    from hf_specdec import DynamicTree
+
+    assert method_by_name("specdec-tree10-d5-k3").kwargs["tree"] == DynamicTree(num_nodes=10, depth=5, top_k=3)
+    assert method_by_name("specdec-tree8").kwargs["tree"].num_nodes == 8
+    for bad in ("specdec-tree0", "specdec-tree8-k", "specdec-treex"):
+        with pytest.raises(ValueError, match="Unknown method"):
+            method_by_name(bad)
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    names = ["plain", "specdec-tree6", "specdec-tree6-d3-k3"]
+    result = run_benchmark(
+        target, _tokenizer(), PROMPTS, [method_by_name(n) for n in names], draft=draft, max_new_tokens=10
+    )
+    summary = result.summary()
+    for name in names[1:]:
+        assert summary[name]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}", (name, summary[name])

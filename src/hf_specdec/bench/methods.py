@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from hf_specdec.draft_tree import DEFAULT_DEPTH, DEFAULT_TOP_K, draft_tree_spec
 from hf_specdec.dynamic_tree import DynamicTree
 
 
@@ -79,17 +80,29 @@ METHODS: dict[str, Method] = {
 # `medusa-dynN` (a DynamicTree of N nodes), either with `-lookup` (prompt lookup's continuation grafted on,
 # up to 10 tokens).
 _MEDUSA_TREE = re.compile(r"medusa-(dyn)?([1-9][0-9]*)(-lookup)?")
+# Draft-model trees by size: `specdec-treeN` (N nodes, the default shape), `specdec-treeN-dD-kK` (depth D, top_k K).
+_DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?")
 
 
 def method_by_name(name: str) -> Method:
-    """The method called `name`: one of `METHODS`, or a Medusa tree size such as `medusa-8`, `medusa-5-lookup`,
-    `medusa-dyn12`."""
+    """The method called `name`: one of `METHODS`, a Medusa tree size such as `medusa-8`, `medusa-5-lookup`,
+    `medusa-dyn12`, or a draft model's tree such as `specdec-tree8` or `specdec-tree10-d5-k2`."""
     if name in METHODS:
         return METHODS[name]
+    tree = _DRAFT_TREE.fullmatch(name)
+    if tree is not None:
+        size, depth, top_k = tree.groups()
+        spec = draft_tree_spec(int(size))
+        if depth is not None or top_k is not None:
+            spec = DynamicTree(
+                num_nodes=int(size), depth=int(depth or DEFAULT_DEPTH), top_k=int(top_k or DEFAULT_TOP_K)
+            )
+        return Method(name, "specdec", {"assistant": "{draft}", "tree": spec})
     match = _MEDUSA_TREE.fullmatch(name)
     if match is None:
         raise ValueError(
-            f"Unknown method {name!r}; choose from {sorted(METHODS)}, or medusa-N / medusa-dynN[-lookup] for N nodes."
+            f"Unknown method {name!r}; choose from {sorted(METHODS)}, medusa-N / medusa-dynN[-lookup] for N nodes, "
+            "or specdec-treeN[-dD][-kK] for a draft model's tree."
         )
     dynamic, size, lookup = match.groups()
     kwargs: dict[str, Any] = {"medusa": True, "tree": DynamicTree(num_nodes=int(size)) if dynamic else int(size)}
