@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec.acceptance import greedy_accept_tree
 from hf_specdec.row_trees import RowTrees
 from hf_specdec.tree import DraftTree
-from hf_specdec.tree_acceptance import greedy_accept_tree
 from hf_specdec.tree_lookup import graft_chains
 from tests.test_medusa import _generate
 from tests.test_recurrent_heads import _recurrent

@@ -24,9 +24,8 @@ class SpeculativeStats:
         drafted_at_position / accepted_at_position: how often the j-th drafted token of a step was proposed
             and accepted, summed over rows and steps; their ratio is the acceptance rate by draft position.
         draft_seconds / verify_seconds: time spent drafting and verifying.
-        costs: the costs the adaptive rules used at the end of the call (measured, or those passed as
-            `speculative_costs`); `None` where nothing weighs costs (Medusa heads without prompt lookup).
-            Pass them back as `speculative_costs=` for reproducible sampling.
+        costs: the costs at the end of the call (measured while decoding, or those passed as
+            `speculative_costs`); pass them back as `speculative_costs=` for reproducible sampling.
         lookup_steps: steps drafted by prompt lookup (with both a draft model and prompt lookup, the others
             were drafted by the model; with Medusa heads, steps in which some row's tree had a looked-up
             continuation grafted on).
