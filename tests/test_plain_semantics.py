@@ -231,3 +231,30 @@ def test_a_draft_the_constraints_leave_nothing_to_propose_stops_drafting(do_samp
     assert int(out.speculative.drafted_tokens.sum()) == 0  # nothing the draft could propose was allowed
     if not do_sample:
         assert torch.equal(out.sequences, target.generate(**kwargs))
+
+
+class _StopAtLength(StoppingCriteria):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("limit", ["max_length", "eos"])
+def test_a_criterion_stops_a_row_before_its_eos_or_length_limit_in_the_same_step(limit: str) -> None:
+    """Found in review: a stopping criterion that fires on a token before the step's EOS (or before the length
+    limit) must stop the row there, as in plain decoding (the rows stop in `TokenBuffer`, shared by every path;
+    the target's twin drafts, so that one step commits all of these tokens)."""
+    target = _target()
+    ids, mask = ragged_batch(1, seed=0)
+    prompt = ids.shape[1]
+    kwargs = {"input_ids": ids, "attention_mask": mask, "do_sample": False}
+    kwargs["max_new_tokens"] = 4 if limit == "max_length" else 20
+    free = target.generate(**kwargs, eos_token_id=None)
+    kwargs["eos_token_id"] = int(free[0, prompt + 3]) if limit == "eos" else EOS
+    criteria = StoppingCriteriaList([_StopAtLength(prompt + 2)])
+    plain = target.generate(**kwargs, stopping_criteria=criteria)
+    assert plain.shape[1] == prompt + 2
+    twin = {"assistant": copy.deepcopy(target), "num_assistant_tokens": 8, "num_assistant_tokens_schedule": "constant"}
+    assert torch.equal(target.generate(**kwargs, stopping_criteria=criteria, **twin), plain)

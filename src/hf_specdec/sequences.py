@@ -108,8 +108,8 @@ class TokenBuffer:
             hit = first_eos < m
             counts = torch.where(hit, first_eos + 1, counts)
             finished |= hit
-        if self.criteria and self.pads_stopped_rows:
-            counts, stopped = self._apply_criteria(lengths, counts, scores, ~finished)
+        if self.criteria and self.pads_stopped_rows:  # every row: a criterion may stop it before its EOS or limit
+            counts, stopped = self._apply_criteria(lengths, counts, scores, torch.ones_like(finished))
             finished |= stopped
         self.lengths[self.active] = lengths + counts
         if self.criteria and not self.pads_stopped_rows:
