@@ -105,7 +105,8 @@ def with_stop_strings(
     model: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
 ) -> tuple[GenerationConfig | None, dict[str, Any]]:
     """Move `stop_strings` (if any) from the generation settings to a `StopStringCriteria` in the
-    `stopping_criteria` keyword argument, built with `tokenizer=`; also drops `tokenizer` from `kwargs`."""
+    `stopping_criteria` keyword argument, built with `tokenizer=` (which transformers then drops: it does not
+    hand it to a `custom_generate` callable)."""
     stop_strings = requested(model, generation_config, kwargs, "stop_strings")
     tokenizer = kwargs.get("tokenizer")
     if not stop_strings:

@@ -266,12 +266,12 @@ def decode(
         path_nodes = trees.path_to(last_node)  # (A, D+1), the root first
         new_tokens = torch.cat([nodes.gather(1, path_nodes[:, 1:].clamp_min(0)), next_token[:, None]], dim=1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])  # (A, D+1)
-        on_path = path_nodes.clamp_min(0)[:, :, None].expand(-1, -1, scores.shape[-1])  # (A, D+1, V)
-        path_scores, path_logits = scores.gather(1, on_path), logits.gather(1, on_path)  # what chose each token
+        path_scores, path_logits = _path_scores(proposal, path_nodes, scores, logits, recorder, buffer)
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
-        recorder.record(buffer.active, emitted, path_scores, path_logits)
+        if recorder.keep_scores or recorder.keep_logits:
+            recorder.record(buffer.active, emitted, path_scores, path_logits)
         stream(streamer, new_tokens, emitted)
-        target.keep_path(trees.num_nodes, path_nodes, num_accepted + 1)
+        target.keep_path(trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain)
         target.maybe_compact()
         hidden = None
         if hidden_states:
@@ -293,6 +293,25 @@ def decode(
 
     stats.costs = costs.estimated_costs
     return finish(buffer, generation_config, stats, streamer, input_device, recorder)
+
+
+def _path_scores(
+    proposal: Proposal,
+    path_nodes: torch.Tensor,
+    scores: torch.Tensor,
+    logits: torch.Tensor,
+    recorder: ScoreRecorder,
+    buffer: TokenBuffer,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The processed and raw scores that chose each committed token `(A, D+1, V)`, for stopping criteria and
+    `output_scores`/`output_logits`; a chain's are its scores as they are, a tree's are gathered along the
+    accepted path only when something reads them."""
+    if proposal.chain:
+        return scores, logits
+    if not (recorder.keep_scores or recorder.keep_logits or buffer.criteria):
+        return None, None
+    on_path = path_nodes.clamp_min(0)[:, :, None].expand(-1, -1, scores.shape[-1])  # (A, D+1, V)
+    return scores.gather(1, on_path), logits.gather(1, on_path)
 
 
 def _accept(

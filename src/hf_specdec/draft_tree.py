@@ -23,6 +23,7 @@ import dataclasses
 
 import torch
 from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
 
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
@@ -121,7 +122,7 @@ class DraftTreeDrafter(DraftModelDrafter):
                     positions.expand_as(tokens),
                     torch.eye(tokens.shape[1], dtype=torch.bool, device=self.device),
                     0,
-                    recent=state.recent().to(self.device),
+                    recent=state.frontier_recent.to(self.device),
                 )
                 logits = self._logits_all(out).to(target_device)  # (A, F, V)
             return state.log_probs(self.processors, buffer, logits)
@@ -131,16 +132,16 @@ class DraftTreeDrafter(DraftModelDrafter):
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
         self._fed = width + fed_pool.shape[1]
         self._fed_pool, self._chosen, self._nodes = fed_pool, chosen, nodes
-        drafted = trees.real[:, 1:].sum(dim=1)
-        return Proposal(nodes, trees, None, drafted, forwards=len(grown.frontiers))
+        # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
+        return Proposal(nodes, trees, forwards=len(grown.frontiers))
 
-    def _logits_all(self, outputs: object) -> torch.Tensor:
+    def _logits_all(self, outputs: ModelOutput) -> torch.Tensor:
         """Float32 logits `(A, F, target_vocab)` at every fed position (see `_logits` for the last one)."""
         if self._projection is None:
-            return self._to_target_vocab(outputs.logits.float())  # type: ignore[attr-defined]
+            return self._to_target_vocab(outputs.logits.float())
         weight, bias = self._projection
         assert self.token_ids is not None
-        hidden = outputs.last_hidden_state  # type: ignore[attr-defined]
+        hidden = outputs.last_hidden_state
         restricted = torch.nn.functional.linear(hidden.to(weight.device), weight, bias).float().to(hidden.device)
         logits = restricted.new_full((*restricted.shape[:2], self.target_vocab_size), float("-inf"))
         return logits.index_copy_(-1, self.token_ids.to(hidden.device), restricted)
@@ -179,7 +180,8 @@ class _Growth:
     def __init__(self, rows: int, device: torch.device) -> None:
         self.rows, self.device = rows, device
         self.depth = 0
-        self.frontier_recent = torch.zeros(rows, 1, 0, dtype=torch.bool, device=device)  # (A, F, S) ancestors fed
+        # (A, F, S): which nodes fed earlier this step each frontier node sees (its ancestors among them)
+        self.frontier_recent = torch.zeros(rows, 1, 0, dtype=torch.bool, device=device)
         self.paths = torch.zeros(rows, 1, 0, dtype=torch.long, device=device)  # (A, F, depth) tokens after root
         self.alive = torch.ones(rows, 1, dtype=torch.bool, device=device)  # (A, F)
         self.last_log_probs: torch.Tensor | None = None  # (A, F, V) of the previous frontier
@@ -203,10 +205,6 @@ class _Growth:
         )
         self.depth += 1
         self.frontier_recent = recent
-
-    def recent(self) -> torch.Tensor:
-        """`(A, F, S)`: which nodes fed earlier this step each new frontier node sees (its ancestors)."""
-        return self.frontier_recent
 
     def log_probs(self, processors: RaggedLogitsProcessor, buffer: TokenBuffer, logits: torch.Tensor) -> torch.Tensor:
         """Process the draft's logits after every frontier node `(A, F, V)` with the node's own prefix; nodes

@@ -64,6 +64,10 @@ class DraftModelDrafter(ChainDrafter):
         # draft's) are never drafted, and are fed to the draft as id 0: it drafts from a context it misreads
         # there, which verification makes up for.
         self.num_embeddings = int(model.get_input_embeddings().weight.shape[0])
+        # Whether some of the target's ids get -inf from the draft whatever the processors do.
+        self.scores_fewer_ids = token_ids is not None or min(output_vocab_size(model), self.num_embeddings) < (
+            target_vocab_size
+        )
         self.processors = processors
         self.do_sample = do_sample
         self.generator = generator
@@ -158,24 +162,21 @@ class DraftModelDrafter(ChainDrafter):
         self._pending_width = width
         self._fed = width
         policy.start_step()
-        rows = torch.arange(ids.shape[0], device=target_device)
-        # Rows whose processors rule out every token the draft can propose (constrained generation with a draft
-        # vocabulary, or ids past a smaller draft vocabulary) stop drafting there: their later positions are
-        # filler, never shown to the processors and never accepted.
-        lengths = torch.full_like(rows, num_tokens)
+        # Rows whose processors rule out every token the draft can propose stop drafting there: their later
+        # positions are filler, never shown to the processors and never accepted. Only a draft that cannot score
+        # every id, or processors that read the prefix (constraints), can leave a row nothing; otherwise this
+        # bookkeeping (and the device waits it costs) is skipped.
+        track = self.scores_fewer_ids or not self.processors.prefix_free
+        lengths = torch.full((ids.shape[0],), num_tokens, dtype=torch.long, device=target_device)
         for j in range(num_tokens):
             outputs = self.seq.forward(
                 self._embeddable(ids), valid, positions, chain_structure(ids.shape[1], self.device), 1
             )
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
-            drafting = rows[lengths > j]  # (D,)
-            scores = logits[:, 0].clone()
-            scores[drafting] = self.processors(
-                buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
-            )[:, 0]
-            stopped = torch.isneginf(scores).all(dim=-1) | (lengths <= j)  # (A,)
-            lengths = torch.where(stopped, torch.minimum(lengths, torch.full_like(lengths, j)), lengths)
-            scores = torch.where(stopped[:, None], 0.0, scores)  # filler rows: any token
+            if track:
+                scores, lengths = self._score_drafting_rows(buffer, logits, lengths, j)
+            else:
+                scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, logits)[:, 0]
             if self.do_sample:
                 q = torch.softmax(scores, dim=-1)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
@@ -184,11 +185,13 @@ class DraftModelDrafter(ChainDrafter):
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             buffer.write(j, token[:, None])
-            if j + 1 == num_tokens or not bool((lengths > j).any()):
+            if j + 1 == num_tokens or (track and not bool((lengths > j).any())):
                 break
             if policy.may_stop:  # rows that stopped drafting gain nothing from another draft: confidence 0
                 confidence = q if self.do_sample else torch.softmax(scores, dim=-1)
-                if policy.should_stop(confidence.masked_fill((lengths <= j)[:, None], 0.0)):
+                if track:
+                    confidence = confidence.masked_fill((lengths <= j)[:, None], 0.0)
+                if policy.should_stop(confidence):
                     break
             ids = token[:, None].to(self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)
@@ -198,8 +201,23 @@ class DraftModelDrafter(ChainDrafter):
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
         q = torch.stack(probs, dim=1) if self.do_sample else None
         k = draft_tokens.shape[1]
-        lengths = lengths.clamp_max(k)
-        return Chain(draft_tokens, q=q, lengths=None if bool((lengths == k).all()) else lengths, forwards=k)
+        if not track or bool((lengths >= k).all()):
+            return Chain(draft_tokens, q=q, forwards=k)
+        return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k)
+
+    def _score_drafting_rows(
+        self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Processed scores `(A, V)` at draft position j for the rows still drafting (`lengths > j`), and the
+        lengths with the rows the processors leave nothing cut at j (their scores: zeros, any filler token)."""
+        drafting = (lengths > j).nonzero(as_tuple=True)[0]  # (D,)
+        scores = logits[:, 0].clone()
+        scores[drafting] = self.processors(
+            buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
+        )[:, 0]
+        stopped = torch.isneginf(scores).all(dim=-1) | (lengths <= j)  # (A,)
+        lengths = torch.where(stopped, lengths.clamp_max(j), lengths)
+        return torch.where(stopped[:, None], 0.0, scores), lengths
 
     def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
         """Roll the draft's cache back to the accepted drafts, queue the tokens it has not seen, and let the

@@ -32,11 +32,15 @@ class Proposal(NamedTuple):
             committed token, which the target scores first), then the drafted tokens, parents before children.
         trees (`RowTrees`): each row's tree over the `N` nodes (padding nodes are not `real`: never accepted).
         q (`torch.Tensor` of shape `(active, N, vocab)`, *optional*): when sampling, the distribution at each
-            node from which a drafter drew its children; `None` for greedy decoding and for drafters that
-            propose with certainty (prompt lookup, Medusa heads: each child a point mass).
-        drafted (`torch.LongTensor` of shape `(active,)`): tokens drafted per row (for the statistics).
+            node from which a drafter drew its children (rows of nodes without children may be left off the
+            end); `None` for greedy decoding and for drafters that propose with certainty (prompt lookup,
+            Medusa heads, a draft model's trees: each child a point mass).
+        drafted (`torch.LongTensor` of shape `(active,)`, *optional*): tokens drafted per row, for the statistics
+            (a chain's length); `None` for a tree: its depth, the most tokens a step can accept from it.
         forwards (`int`): draft-model forward passes the proposal took (0 for a lookup or heads).
         looked_up (`bool`): whether prompt lookup drafted any of it (for the statistics).
+        chain (`bool`): every row's tree is a chain numbered in order, so an accepted path is a prefix of the
+            nodes (the loop then moves no cache slot and gathers no score).
     """
 
     nodes: torch.Tensor
@@ -45,11 +49,7 @@ class Proposal(NamedTuple):
     drafted: torch.Tensor | None = None
     forwards: int = 0
     looked_up: bool = False
-
-    @property
-    def depth(self) -> int:
-        """The most drafted tokens a step can accept."""
-        return self.trees.depth
+    chain: bool = False
 
 
 class Accepted(NamedTuple):
@@ -120,7 +120,8 @@ class Drafter(Protocol):
         max_tokens: int,
     ) -> Proposal:
         """Draft a tree per active row, rooted at `last_token` `(active,)`, whose paths hold at most
-        `max_tokens` drafted tokens; `next_position` `(active,)` is the logical position of the first draft;
+        `max_tokens` drafted tokens (a drafter may go past it: positions are clamped and the commit cuts what
+        the limit does not allow); `next_position` `(active,)` is the logical position of the first draft;
         `costs` the loop's measured costs (and the draft model's length schedule). Drafters whose own choices
         read the prefix write the drafted tokens into `buffer`, uncommitted."""
 
@@ -161,9 +162,8 @@ def chain_proposal(
         real = trees.depths <= lengths[:, None]  # (A, k+1)
         children = torch.where(trees.depths[..., None] < lengths[:, None, None], trees.children, -1)  # (A, k+1, 1)
         trees = dataclasses.replace(trees, real=real, children=children)
-    if q is not None:  # q at node j: what node j's child (draft j) was drawn from; the last node has no child
-        q = torch.cat([q, q.new_zeros(batch, 1, q.shape[-1])], dim=1)
-    return Proposal(nodes, trees, q, drafted, forwards, looked_up)
+    # q at node j is what node j's child (draft j) was drawn from; the last node has no child, and no row of q.
+    return Proposal(nodes, trees, q, drafted, forwards, looked_up, chain=True)
 
 
 class Chain(NamedTuple):

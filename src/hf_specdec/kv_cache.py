@@ -145,7 +145,7 @@ class CachedSequence:
         self.positions = torch.cat([self.positions, new_positions], dim=1)
         return outputs
 
-    def keep_prefix(self, num_new: int, num_keep: torch.Tensor) -> None:
+    def keep_prefix(self, num_new: int, num_keep: torch.Tensor, keep_max: int | None = None) -> None:
         """Keep, for each row, the first `num_keep[b]` of the last `num_new` slots and drop the rest.
 
         Slots no row keeps are cropped from the cache; the others become holes in the rows that dropped them.
@@ -153,8 +153,10 @@ class CachedSequence:
         Args:
             num_new (`int`): how many slots the last forward(s) appended and are now being decided.
             num_keep (`torch.LongTensor` of shape `(batch,)`): how many of them each row keeps, in `[0, num_new]`.
+            keep_max (`int`, *optional*): `num_keep.max()`, when the caller has it already.
         """
-        keep_max = int(num_keep.max()) if num_keep.numel() else 0
+        if keep_max is None:
+            keep_max = int(num_keep.max()) if num_keep.numel() else 0
         drop = num_new - keep_max
         if drop > 0:
             self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
@@ -164,7 +166,7 @@ class CachedSequence:
         offsets = torch.arange(keep_max, device=self.valid.device)  # (keep_max,)
         self.valid[:, start:] &= offsets[None, :] < num_keep[:, None]
 
-    def keep_path(self, num_new: int, nodes: torch.Tensor, num_keep: torch.Tensor) -> None:
+    def keep_path(self, num_new: int, nodes: torch.Tensor, num_keep: torch.Tensor, is_prefix: bool = False) -> None:
         """Keep, for each row, the slots of an accepted tree path, in path order, and drop the other nodes.
 
         The kept slots are moved in place to the front of the last `num_new` (nothing moves when every row's
@@ -175,11 +177,12 @@ class CachedSequence:
             nodes (`torch.LongTensor` of shape `(batch, width)`): per row, the node indices (into the last
                 `num_new` slots) to keep, in order; entries past `num_keep[b]` are ignored.
             num_keep (`torch.LongTensor` of shape `(batch,)`): how many of `nodes` each row keeps.
+            is_prefix (`bool`): the caller knows every row keeps a prefix of the new slots (a chain).
         """
         keep_max = int(num_keep.max()) if num_keep.numel() else 0
         offsets = torch.arange(keep_max, device=nodes.device)
         nodes = torch.where(offsets[None, :] < num_keep[:, None], nodes[:, :keep_max], offsets[None, :])
-        if not bool((nodes == offsets[None, :]).all()):
+        if not is_prefix and not bool((nodes == offsets[None, :]).all()):
             start = self.num_slots - num_new
             for layer in self.cache.layers:
                 if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
@@ -188,7 +191,7 @@ class CachedSequence:
                 layer.values[:, :, start : start + keep_max] = _gather_slots(layer.values[:, :, start:], nodes)
             self.valid[:, start : start + keep_max] = self.valid[:, start:].gather(1, nodes)
             self.positions[:, start : start + keep_max] = self.positions[:, start:].gather(1, nodes)
-        self.keep_prefix(num_new, num_keep)
+        self.keep_prefix(num_new, num_keep, keep_max)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows of the batch (finished rows leave the batch and cost nothing more)."""

@@ -16,7 +16,7 @@ class SpeculativeStats:
 
     Per row (tensors of shape `(batch,)`):
         target_forwards: verification forwards of the target while the row was running (the prefill not counted).
-        drafted_tokens: tokens drafted for the row.
+        drafted_tokens: tokens drafted for the row (for a tree, its depth: the most a step can accept).
         accepted_tokens: drafted tokens the target accepted.
         emitted_tokens: tokens the verification steps committed (accepted drafts plus the target's own token,
             less what an EOS or the length limit cut off).
@@ -26,7 +26,7 @@ class SpeculativeStats:
         draft_seconds / verify_seconds: time spent drafting and verifying.
         costs: the costs at the end of the call (measured while decoding, or those passed as
             `speculative_costs`); pass them back as `speculative_costs=` for reproducible sampling.
-        lookup_steps: steps drafted by prompt lookup (with both a draft model and prompt lookup, the others
+        lookup_steps: steps in which prompt lookup drafted for some row (with both a draft model and prompt lookup, the others
             were drafted by the model; with Medusa heads, steps in which some row's tree had a looked-up
             continuation grafted on).
     """

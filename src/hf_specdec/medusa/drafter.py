@@ -84,7 +84,7 @@ class MedusaDrafter:
             assert chain.lengths is not None
             nodes, trees = graft_chains(nodes, trees, chain.tokens, chain.lengths)
             looked_up = chain.looked_up
-        return Proposal(nodes, trees, drafted=trees.row_depths, looked_up=looked_up)
+        return Proposal(nodes, trees, looked_up=looked_up)  # drafted: the trees' depths
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the base's state at the last accepted node (the heads read it next), and let prompt lookup learn
