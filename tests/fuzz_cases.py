@@ -666,6 +666,14 @@ def plain_rules(case: Case, model: PreTrainedModel, kwargs: dict[str, Any], ids:
     )
 
 
+def padding_only_rows(case: Case, rules: Rules, ids: torch.Tensor) -> bool:
+    """Whether some row is padding only in the attention mask plain `generate()` uses: without a mask passed,
+    transformers takes every `pad_token_id` token for padding (unless the pad id is an EOS id)."""
+    if case.mask != "none" or rules.pad is None or rules.pad in rules.eos:
+        return False
+    return bool((ids == rules.pad).all(dim=1).any())
+
+
 def numerical(error: BaseException) -> bool:
     """A failure of sampling from scores every token of which some processor banned (nan probabilities)."""
     text = str(error)
@@ -825,6 +833,9 @@ def check(case: Case, path: str) -> None:
         assert ours.error is not None, f"plain generate() raised {plain.error!r}; {path} returned an output"
         return
     refusals = expected_refusals(case, path)
+    assert rules is not None
+    if padding_only_rows(case, rules, batch["input_ids"]):
+        refusals.append("all zeros")  # docs/usage.md's refusal table: a row that is all padding
     if ours.error is not None:
         error = ours.error
         if refusals:

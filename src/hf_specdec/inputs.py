@@ -56,7 +56,8 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
         if empty:
             raise ValueError(
                 f"Row(s) {empty} of `attention_mask` are all zeros: those prompts are padding only, with no token to "
-                "continue. Drop those rows, or give each at least one token (e.g. the tokenizer's BOS token)."
+                "continue (without an `attention_mask`, transformers takes every `pad_token_id` token for padding). "
+                "Drop those rows, or give each at least one token (e.g. the tokenizer's BOS token)."
             )
     vocab = output_vocab_size(model)
     embeddings = model.get_input_embeddings()

@@ -26,9 +26,9 @@ class SpeculativeStats:
         draft_seconds / verify_seconds: time spent drafting and verifying.
         costs: the costs at the end of the call (measured while decoding, or those passed as
             `speculative_costs`); pass them back as `speculative_costs=` for reproducible sampling.
-        lookup_steps: steps in which prompt lookup drafted for some row (with both a draft model and prompt lookup, the others
-            were drafted by the model; with Medusa heads, steps in which some row's tree had a looked-up
-            continuation grafted on).
+        lookup_steps: steps in which prompt lookup drafted for some row (with both a draft model and prompt
+            lookup, the others were drafted by the model; with Medusa heads, steps in which some row's tree had
+            a looked-up continuation grafted on).
     """
 
     target_forwards: torch.Tensor
