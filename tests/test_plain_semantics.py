@@ -258,3 +258,30 @@ def test_a_criterion_stops_a_row_before_its_eos_or_length_limit_in_the_same_step
     assert plain.shape[1] == prompt + 2
     twin = {"assistant": copy.deepcopy(target), "num_assistant_tokens": 8, "num_assistant_tokens_schedule": "constant"}
     assert torch.equal(target.generate(**kwargs, stopping_criteria=criteria, **twin), plain)
+
+
+@pytest.mark.parametrize("path", ["twin", *PATHS])
+def test_nothing_is_scored_after_an_eos(path: str) -> None:
+    """Found by the fuzzer's long profile: plain decoding scores no prefix that continues past an EOS (a finished
+    row shows padding); drafted nodes after an EOS must not be scored either."""
+    target = _target()
+    ids, mask = ragged_batch(2, seed=3)
+    free = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, eos_token_id=None)
+    eos = int(free[0, ids.shape[1] + 5])  # a token row 0 emits mid-generation
+
+    def no_continuation_after_eos(batch_id: int, sent: torch.Tensor) -> list[int]:
+        generated = sent[ids.shape[1] :].tolist()
+        if eos in generated:
+            after = generated[generated.index(eos) + 1 :]
+            assert all(t == PAD for t in after), f"scored after EOS: {generated}"
+        return list(range(VOCAB))
+
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 16, "eos_token_id": eos}
+    kwargs["prefix_allowed_tokens_fn"] = no_continuation_after_eos
+    plain = target.generate(**kwargs)
+    if path == "twin":  # drafts run on past the EOS
+        twin = {"num_assistant_tokens": 8, "num_assistant_tokens_schedule": "constant"}
+        ours = target.generate(**kwargs, assistant=copy.deepcopy(target), **twin)
+    else:
+        ours = _generate(path, target, **kwargs)
+    assert torch.equal(ours, plain)

@@ -211,6 +211,10 @@ class _Growth:
         ruled out, and rows whose processors leave nothing, get -inf everywhere (their children are padding)."""
         width = logits.shape[1]
         lengths = buffer.active_lengths
+        # Plain decoding scores nothing past the length limit, nor after an EOS: nodes there get no children.
+        self.alive &= (lengths + self.depth < buffer.max_length)[:, None]
+        if self.depth and buffer.eos is not None:
+            self.alive &= ~torch.isin(self.paths[..., -1], buffer.eos)
         if processors.prefix_free:
             scores = processors(buffer, buffer.active, lengths, logits)  # prefix-free: positions do not matter
         else:
@@ -225,7 +229,7 @@ class _Growth:
                     buffer, buffer.active[shown], lengths[shown] + self.depth, logits[shown, f][:, None]
                 )[:, 0]
         scores = scores.masked_fill(~self.alive[..., None], float("-inf"))
-        none_left = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)  # -inf or nan everywhere
         log_probs = torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))
         self.last_log_probs = log_probs
         return log_probs

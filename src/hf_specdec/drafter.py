@@ -185,7 +185,12 @@ class DraftModelDrafter(ChainDrafter):
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             buffer.write(j, token[:, None])
-            if j + 1 == num_tokens or (track and not bool((lengths > j).any())):
+            if track:  # plain decoding scores nothing after an EOS, nor past the length limit
+                ended = buffer.active_lengths + j + 1 >= buffer.max_length
+                if buffer.eos is not None:
+                    ended |= torch.isin(token, buffer.eos)
+                lengths = torch.where(ended, lengths.clamp_max(j + 1), lengths)
+            if j + 1 == num_tokens or (track and not bool((lengths > j + 1).any())):
                 break
             if policy.may_stop:  # rows that stopped drafting gain nothing from another draft: confidence 0
                 confidence = q if self.do_sample else torch.softmax(scores, dim=-1)
@@ -215,7 +220,7 @@ class DraftModelDrafter(ChainDrafter):
         scores[drafting] = self.processors(
             buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
         )[:, 0]
-        stopped = torch.isneginf(scores).all(dim=-1) | (lengths <= j)  # (A,)
+        stopped = ~(scores > float("-inf")).any(dim=-1) | (lengths <= j)  # (A,) nothing left (-inf or nan)
         lengths = torch.where(stopped, lengths.clamp_max(j), lengths)
         return torch.where(stopped[:, None], 0.0, scores), lengths
 

@@ -12,8 +12,9 @@ Processors that only look at the scores (temperature, top-k, top-p, ...) are cal
 
 Verification (`verification_scores`) scores drafted nodes lazily when a processor reads the prefix: a node is
 scored only once the path to it could be accepted (greedy: every token on it is the target's argmax; sampling:
-every token has a nonzero probability). So processors and callbacks such as `prefix_allowed_tokens_fn` see the
-prefixes plain decoding produces (greedy) or could produce (sampling), never a draft the target rules out.
+every token has a nonzero probability), and never after an EOS or past the length limit, where plain decoding
+stops. So processors and callbacks such as `prefix_allowed_tokens_fn` see the prefixes plain decoding produces
+(greedy) or could produce (sampling), never a draft the target rules out.
 
 Processors must be functions of the prefix and the scores (transformers' own are, but for SynthID text
 watermarking, which counts its calls and is refused): they are called on drafted prefixes, and more than once
@@ -142,10 +143,14 @@ def verification_scores(
         return processors(buffer, buffer.active, buffer.active_lengths, logits)
     scores = logits.clone()
     lengths = buffer.active_lengths
+    # Plain decoding scores no prefix past the length limit, and none after an EOS (the row stops there).
+    deepest = buffer.max_length - 1 - lengths  # (A,)
+    ends = torch.isin(nodes, buffer.eos) if buffer.eos is not None else torch.zeros_like(nodes, dtype=torch.bool)
+    ends[:, 0] = False  # the root is committed: the row would have stopped at an EOS
     reached = torch.zeros(nodes.shape, dtype=torch.bool, device=nodes.device)
     reached[:, 0] = True
     for depth in range(trees.depth + 1):
-        waiting = reached & (trees.depths == depth)  # (A, N)
+        waiting = reached & (trees.depths == depth) & (depth <= deepest)[:, None] & ~ends  # (A, N)
         while bool(waiting.any()):  # one node per row at a time: a row's prefix holds one path
             rows = waiting.any(dim=1).nonzero(as_tuple=True)[0]  # (S,)
             node = waiting[rows].to(torch.int8).argmax(dim=1)  # (S,) the row's first waiting node
