@@ -45,7 +45,7 @@ from tests.tiny_models import BOS, EOS, PAD, VOCAB, tiny_model
 # Profiles
 # ---------------------------------------------------------------------------------------------------------
 
-CI_EXAMPLES = 50  # per path; 7 paths
+CI_EXAMPLES = 50  # per path; 8 paths
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 # No shrinking in "ci": a failing case is printed as drawn (a `Case(...)` to paste into `@example`), at once.
 settings.register_profile(
@@ -63,7 +63,16 @@ settings.register_profile(
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")
-PATHS = ("assistant_poor", "assistant_perfect", "lookup", "hybrid", "medusa", "medusa_dynamic", "medusa_lookup")
+PATHS = (
+    "assistant_poor",
+    "assistant_perfect",
+    "assistant_tree",
+    "lookup",
+    "hybrid",
+    "medusa",
+    "medusa_dynamic",
+    "medusa_lookup",
+)
 MAX_NEW = 24
 PADDED_VOCAB = 112  # embedding matrices padded past the tokenizer's 96 tokens
 
@@ -406,6 +415,18 @@ def cases(draw: st.DrawFn, path: str) -> Case:
             else draw(st.sampled_from(["poor"] * 6 + ["padded_draft", "padded_target"]))
         )
         case.draft_arch = draw(st.sampled_from(ARCHS)) if case.draft.startswith("poor") else arch
+        if path == "assistant_tree":  # a draft model growing a tree: the tree sets the shape, not the chain settings
+            if draw(st.booleans()):
+                case.draft, case.draft_arch = "perfect", arch
+            depth, top_k = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+            most = top_k + (depth - 1) * top_k**2
+            kw["tree"] = draw(
+                st.one_of(
+                    st.integers(1, 12),
+                    st.builds(DynamicTree, num_nodes=st.integers(1, most), depth=st.just(depth), top_k=st.just(top_k)),
+                )
+            )
+            return case
         if draw(st.booleans()):
             kw["num_assistant_tokens"] = draw(st.integers(1, 10))
         if draw(st.booleans()):
@@ -446,6 +467,7 @@ _PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12]]
 _PATH_KWARGS: dict[str, dict[str, Any]] = {
     "assistant_poor": {},
     "assistant_perfect": {},
+    "assistant_tree": {"tree": 4},
     "lookup": {"prompt_lookup_num_tokens": 3},
     "hybrid": {"prompt_lookup_num_tokens": 3},
     "medusa": {"medusa": True},

@@ -38,6 +38,13 @@ def test_assistant_poor_draft(case: Case) -> None:
 
 
 @PROFILE
+@known("assistant_tree")
+@given(case=cases("assistant_tree"))
+def test_assistant_draft_tree(case: Case) -> None:
+    check(case, "assistant_tree")
+
+
+@PROFILE
 @known("assistant_perfect")
 @given(case=cases("assistant_perfect"))
 def test_assistant_perfect_draft(case: Case) -> None:
