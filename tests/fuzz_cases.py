@@ -696,6 +696,16 @@ def padding_only_rows(case: Case, rules: Rules, ids: torch.Tensor) -> bool:
     return bool((ids == rules.pad).all(dim=1).any())
 
 
+def padding_inside(case: Case, rules: Rules, batch: dict[str, torch.Tensor]) -> bool:
+    """Whether the attention mask plain `generate()` uses has padding after a real token in some row."""
+    mask = batch.get("attention_mask")
+    if mask is None:
+        if rules.pad is None or rules.pad in rules.eos:
+            return False
+        mask = (batch["input_ids"] != rules.pad).long()
+    return bool((mask[:, :-1].bool() & ~mask[:, 1:].bool()).any()) and case.arch == "mistral"
+
+
 def numerical(error: BaseException) -> bool:
     """A failure of sampling from scores every token of which some processor banned (nan probabilities)."""
     text = str(error)
@@ -850,6 +860,11 @@ def check(case: Case, path: str) -> None:
         rules = None if plain.error is not None else plain_rules(case, base, common_kwargs(case), batch["input_ids"])
     if plain.error is not None and numerical(plain.error):
         reject()  # the arguments ban every token somewhere: sampling fails or not depending on the draw
+    if plain.error is not None and "impossible prefix" in str(plain.error):
+        reject()  # plain decoding itself broke the constraint (nan scores, whose argmax is token 0)
+    for error in (plain.error, ours.error):
+        if isinstance(error, IndexError) and "tensors used as indices" in str(error):
+            reject()  # transformers' WatermarkLogitsProcessor fails on some prefixes (5.24); drafts meet others
     if plain.error is not None:
         event("plain generate() refuses")
         assert ours.error is not None, f"plain generate() raised {plain.error!r}; {path} returned an output"
@@ -858,6 +873,8 @@ def check(case: Case, path: str) -> None:
     assert rules is not None
     if padding_only_rows(case, rules, batch["input_ids"]):
         refusals.append("all zeros")  # docs/usage.md's refusal table: a row that is all padding
+    if padding_inside(case, rules, batch):
+        refusals.append("sliding")  # the refusal table: padding inside a prompt, on a sliding-window model
     if ours.error is not None:
         error = ours.error
         if refusals:

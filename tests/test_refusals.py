@@ -265,3 +265,17 @@ def test_13_medusa_heads_for_another_base(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=message):
             MedusaForCausalLM(other, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=VOCAB))
     assert MedusaForCausalLM.from_pretrained(tmp_path, base_model=tiny_model("qwen2", seed=3)).heads is not None
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_padding_inside_a_prompt_on_a_sliding_window_model(path: str) -> None:
+    """Found by the fuzzer: transformers counts a sliding window over padding, speculative decoding over real
+    tokens; they agree for left padding only, so padding after a real token is refused on such models."""
+    ids, mask = ragged_batch(2)
+    mask = mask.clone()
+    mask[0, 5] = 0  # row 0: a hole inside its prompt
+    generate = _speculative(path, tiny_model("mistral", seed=0), tiny_model("mistral", seed=1, num_layers=1))
+    with pytest.raises(ValueError, match=r"sliding window.*Pad on the left only"):
+        generate(input_ids=ids, attention_mask=mask, max_new_tokens=4)
+    ids, mask = ragged_batch(2)  # left padding is fine
+    assert generate(input_ids=ids, attention_mask=mask, max_new_tokens=4).shape[0] == 2

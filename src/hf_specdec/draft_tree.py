@@ -192,7 +192,7 @@ class _Growth:
         previous_width = self.last_log_probs.shape[1]
         rows = torch.arange(self.rows, device=self.device)[:, None]
         parent_logp = self.last_log_probs[rows, parent_slot].gather(2, tokens[..., None]).squeeze(2)  # (A, F)
-        self.alive = self.alive.gather(1, parent_slot) & ~torch.isneginf(parent_logp)
+        self.alive = self.alive.gather(1, parent_slot) & (parent_logp > float("-inf"))  # (nan: ruled out too)
         # Ancestors among fed slots: the parent's, plus the parent itself (fed at the previous depth) unless the
         # parent is the root (fed with the committed tokens).
         recent = self.frontier_recent.gather(1, parent_slot[..., None].expand(-1, -1, self.frontier_recent.shape[2]))
@@ -228,7 +228,7 @@ class _Growth:
                 scores[shown, f] = processors(
                     buffer, buffer.active[shown], lengths[shown] + self.depth, logits[shown, f][:, None]
                 )[:, 0]
-        scores = scores.masked_fill(~self.alive[..., None], float("-inf"))
+        scores = scores.masked_fill(~self.alive[..., None] | torch.isnan(scores), float("-inf"))
         none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)  # -inf or nan everywhere
         log_probs = torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))
         self.last_log_probs = log_probs

@@ -220,7 +220,8 @@ class DraftModelDrafter(ChainDrafter):
         scores[drafting] = self.processors(
             buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
         )[:, 0]
-        stopped = ~(scores > float("-inf")).any(dim=-1) | (lengths <= j)  # (A,) nothing left (-inf or nan)
+        scores = scores.masked_fill(torch.isnan(scores), float("-inf"))  # a draft never proposes a nan's token
+        stopped = torch.isneginf(scores).all(dim=-1) | (lengths <= j)  # (A,) nothing left
         lengths = torch.where(stopped, lengths.clamp_max(j), lengths)
         return torch.where(stopped[:, None], 0.0, scores), lengths
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from hf_specdec.kv_cache import AttentionLayout
 from hf_specdec.validation import check_architecture, output_vocab_size
 
 
@@ -51,6 +52,14 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
                 f"`attention_mask` has shape {_describe(attention_mask)} but `input_ids` has shape "
                 f"{tuple(input_ids.shape)}: pass one mask value per token (1 on tokens, 0 on left padding), e.g. "
                 "the `attention_mask` the tokenizer returns with the ids."
+            )
+        inside = attention_mask[:, :-1].bool() & ~attention_mask[:, 1:].bool()  # a real token, then padding
+        if AttentionLayout(model).sliding_window is not None and bool(inside.any()):
+            raise ValueError(
+                "`attention_mask` has zeros after a real token (padding inside a prompt, or, without an "
+                "`attention_mask`, a `pad_token_id` token inside a prompt), and the model attends through a sliding "
+                "window: transformers counts that window over the padding, speculative decoding over real tokens, so "
+                "the outputs could differ. Pad on the left only (the tokenizer's `padding_side='left'`)."
             )
         empty = (~attention_mask.bool().any(dim=1)).nonzero().flatten().tolist()
         if empty:
