@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from transformers import LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from hf_specdec.drafter import DraftModelDrafter
 from hf_specdec.hybrid import HybridDrafter
@@ -167,3 +167,23 @@ def test_lookup_learns_from_model_steps() -> None:
     history = lookup.history[1]
     assert history._reached[:3] == pytest.approx([2.0, 1.0, 1.0])
     assert history._accepted[:3] == pytest.approx([2.0, 1.0, 0.0])
+
+
+def test_catching_up_keeps_padding_positions_in_range() -> None:
+    """Found by the fuzzer: after a lookup step, rows catch up on different numbers of tokens; the padding
+    before a row's pending tokens must get a valid position, or a draft with learned positions (GPT-2) fails."""
+    from hf_specdec.draft_length import DraftLengthPolicy
+    from hf_specdec.sequences import TokenBuffer
+
+    draft = tiny_model("gpt2", seed=0, num_layers=1)
+    drafter = DraftModelDrafter(draft, 96, RaggedLogitsProcessor(LogitsProcessorList()), do_sample=False)
+    ids = torch.tensor([[0, 0, 0, 5], [5, 6, 7, 8]])
+    mask = (ids != 0).long()
+    drafter.prefill(ids, mask.bool(), (mask.cumsum(1) - 1).clamp_min(0))
+    drafter.start(torch.tensor([9, 9]))
+    drafter.catch_up(torch.tensor([[11, 12, 13, 14, 15, 16], [21, 0, 0, 0, 0, 0]]), torch.tensor([6, 1]))
+    config = GenerationConfig(max_length=40)
+    config._eos_token_tensor = config._pad_token_tensor = None  # as generate() prepares them
+    buffer = TokenBuffer(ids, config, StoppingCriteriaList(), scratch=8)
+    chain = drafter.draft_chain(buffer, torch.tensor([8, 6]), DraftLengthPolicy(2, "constant"), max_tokens=2)
+    assert chain.tokens.shape == (2, 2)

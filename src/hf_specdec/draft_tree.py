@@ -110,7 +110,7 @@ class DraftTreeDrafter(DraftModelDrafter):
             if parent_slot is None:  # the root: feed what the draft has not seen yet, ending with the root
                 ids = self.pending[:, self.pending.shape[1] - width :]
                 valid = offsets[None, :] >= -self.pending_count[:, None]
-                positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp_max(last_position)
+                positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp(0, last_position)
                 out = self.seq.forward(self._embeddable(ids), valid, positions, chain_structure(width, self.device), 1)
                 logits = self._logits(out).to(target_device)  # (A, 1, V)
             else:

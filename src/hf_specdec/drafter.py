@@ -156,7 +156,7 @@ class DraftModelDrafter(ChainDrafter):
         offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
         ids = self.pending[:, self.pending.shape[1] - width :]  # (A, w)
         valid = offsets[None, :] >= -self.pending_count[:, None]  # (A, w)
-        positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp_max(last_position)  # (A, w)
+        positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp(0, last_position)  # (A, w)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         self._pending_width = width
