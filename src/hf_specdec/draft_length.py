@@ -31,6 +31,7 @@ sampled outputs are then bitwise reproducible on a fixed machine.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +112,13 @@ class DraftLengthPolicy:
         self._verify = _VerifyCost()
         if self.costs is not None:
             self.cost_ratio, self._per_token_cost = self.costs.draft_forward, self.costs.verify_per_token
+
+    @classmethod
+    def cost_meter(cls, num_tokens: int, costs: SpeculativeCosts | None = None) -> DraftLengthPolicy:
+        """The loop's policy when no draft model drafts (prompt lookup, Medusa heads): it only measures (or
+        holds fixed) what verifying one more token costs; there is no draft forward to pay for (c = 0)."""
+        costs = None if costs is None else dataclasses.replace(costs, draft_forward=0.0)
+        return cls(num_tokens=num_tokens, schedule="constant", cost_ratio=0.0, costs=costs)
 
     @property
     def estimated_costs(self) -> SpeculativeCosts:

@@ -23,7 +23,6 @@ import dataclasses
 
 import torch
 from transformers import PreTrainedModel
-from transformers.utils import ModelOutput
 
 from hf_specdec.draft_length import DraftLengthPolicy
 from hf_specdec.drafter import DraftModelDrafter
@@ -99,19 +98,15 @@ class DraftTreeDrafter(DraftModelDrafter):
         target_device = buffer.tokens.device
         rows = buffer.active.shape[0]
         last_position = buffer.max_length - 1
-        width = int(self.pending_count.max())
-        offsets = torch.arange(-width, 0, device=self.device)
-        self._pending_width = width
         state = _Growth(rows, target_device)
 
         def expand(tokens: torch.Tensor, parent_slot: torch.Tensor | None) -> torch.Tensor:
             """The draft's processed log-probabilities after every frontier node `(A, F, V)`."""
-            assert self.seq is not None and self.pending is not None and self.pending_count is not None
+            assert self.seq is not None
             if parent_slot is None:  # the root: feed what the draft has not seen yet, ending with the root
-                ids = self.pending[:, self.pending.shape[1] - width :]
-                valid = offsets[None, :] >= -self.pending_count[:, None]
-                positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp(0, last_position)
-                out = self.seq.forward(self._embeddable(ids), valid, positions, chain_structure(width, self.device), 1)
+                ids, valid, positions = self._pending_inputs(next_position, last_position)
+                structure = chain_structure(ids.shape[1], self.device)
+                out = self.seq.forward(self._embeddable(ids), valid, positions, structure, 1)
                 logits = self._logits(out).to(target_device)  # (A, 1, V)
             else:
                 state.advance(tokens, parent_slot)
@@ -124,27 +119,16 @@ class DraftTreeDrafter(DraftModelDrafter):
                     0,
                     recent=state.frontier_recent.to(self.device),
                 )
-                logits = self._logits_all(out).to(target_device)  # (A, F, V)
+                logits = self._all_logits(out).to(target_device)  # (A, F, V)
             return state.log_probs(self.processors, buffer, logits)
 
         grown = spec.grow_pool(last_token, expand, lambda ids: ids)
         nodes, trees, chosen = grown.select(spec.num_nodes)
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
-        self._fed = width + fed_pool.shape[1]
+        self._fed = self._pending_width + fed_pool.shape[1]
         self._fed_pool, self._chosen, self._nodes = fed_pool, chosen, nodes
         # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
         return Proposal(nodes, trees, forwards=len(grown.frontiers))
-
-    def _logits_all(self, outputs: ModelOutput) -> torch.Tensor:
-        """Float32 logits `(A, F, target_vocab)` at every fed position (see `_logits` for the last one)."""
-        if self._projection is None:
-            return self._to_target_vocab(outputs.logits.float())
-        weight, bias = self._projection
-        assert self.token_ids is not None
-        hidden = outputs.last_hidden_state
-        restricted = torch.nn.functional.linear(hidden.to(weight.device), weight, bias).float().to(hidden.device)
-        logits = restricted.new_full((*restricted.shape[:2], self.target_vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.token_ids.to(hidden.device), restricted)
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;

@@ -102,14 +102,37 @@ class DraftModelDrafter(ChainDrafter):
         """Float32 logits `(A, 1, target_vocab)` at the last fed position, -inf outside a draft vocabulary."""
         if self._projection is None:
             return self._to_target_vocab(outputs.logits[:, -1:].float())
-        assert self.token_ids is not None
-        weight, bias = self._projection
         # 2D on purpose: a (A, 1, H) slice of a wider output keeps its batch stride, and torch's CPU bf16 linear
         # takes a path 20x slower for such inputs when the weight is a plain tensor (torch 2.13).
-        last = outputs.last_hidden_state[:, -1]  # (A, H)
-        restricted = functional.linear(last.to(weight.device), weight, bias).float().to(last.device)  # (A, S)
-        logits = restricted.new_full((restricted.shape[0], self.target_vocab_size), float("-inf"))
-        return logits.index_copy_(-1, self.token_ids.to(last.device), restricted)[:, None]  # (A, 1, V)
+        return self._project(outputs.last_hidden_state[:, -1])[:, None]  # (A, 1, V)
+
+    def _all_logits(self, outputs: ModelOutput) -> torch.Tensor:
+        """Float32 logits `(A, F, target_vocab)` at every fed position, -inf outside a draft vocabulary."""
+        if self._projection is None:
+            return self._to_target_vocab(outputs.logits.float())
+        return self._project(outputs.last_hidden_state)
+
+    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits `(..., target_vocab)` of hidden states `(..., H)` through the draft vocabulary's rows."""
+        assert self._projection is not None and self.token_ids is not None
+        weight, bias = self._projection
+        restricted = functional.linear(hidden.to(weight.device), weight, bias).float().to(hidden.device)
+        logits = restricted.new_full((*restricted.shape[:-1], self.target_vocab_size), float("-inf"))
+        return logits.index_copy_(-1, self.token_ids.to(hidden.device), restricted)
+
+    def _pending_inputs(
+        self, next_position: torch.Tensor, last_position: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a step feeds first: the committed tokens the draft has not seen `(A, w)` (right-aligned, the
+        last one the root), which of them are real, and their positions (padding kept in range)."""
+        assert self.pending is not None and self.pending_count is not None
+        width = int(self.pending_count.max())
+        self._pending_width = width
+        offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
+        ids = self.pending[:, self.pending.shape[1] - width :]  # (A, w)
+        valid = offsets[None, :] >= -self.pending_count[:, None]  # (A, w)
+        positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp(0, last_position)  # (A, w)
+        return ids, valid, positions
 
     def _embeddable(self, ids: torch.Tensor) -> torch.Tensor:
         """`ids` with those the draft has no embedding for replaced by 0."""
@@ -152,15 +175,10 @@ class DraftModelDrafter(ChainDrafter):
         target_device = buffer.tokens.device
         num_tokens = max(1, min(policy.current, max_tokens))
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
-        width = int(self.pending_count.max())
-        offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
-        ids = self.pending[:, self.pending.shape[1] - width :]  # (A, w)
-        valid = offsets[None, :] >= -self.pending_count[:, None]  # (A, w)
-        positions = (next_position.to(self.device)[:, None] + offsets[None, :]).clamp(0, last_position)  # (A, w)
+        ids, valid, positions = self._pending_inputs(next_position, last_position)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
-        self._pending_width = width
-        self._fed = width
+        self._fed = self._pending_width
         policy.start_step()
         # Rows whose processors rule out every token the draft can propose stop drafting there: their later
         # positions are filler, never shown to the processors and never accepted. Only a draft that cannot score

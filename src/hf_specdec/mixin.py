@@ -9,7 +9,6 @@ public `custom_generate` hook.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -163,8 +162,7 @@ class SpeculativeGenerationMixin:
                     "takes 'adaptive' (default) or 'constant'."
                 )
             assert lookup is not None
-            costs = None if costs is None else dataclasses.replace(costs, draft_forward=0.0)
-            return DraftLengthPolicy(num_tokens=lookup.num_tokens, schedule="constant", cost_ratio=0.0, costs=costs)
+            return DraftLengthPolicy.cost_meter(lookup.num_tokens, costs)
 
         def setting(name: str) -> Any:
             return requested(self, generation_config, kwargs, name)  # type: ignore[arg-type]

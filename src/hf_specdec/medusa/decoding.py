@@ -8,7 +8,6 @@ criteria and streamers work as in plain decoding.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -70,9 +69,7 @@ def medusa_decode(
     if isinstance(tree, DynamicTree) and tree.depth is None:
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
     # The loop measures what verifying one more token costs, which decides how far a match is worth grafting.
-    num_tokens = prompt_lookup.num_tokens if prompt_lookup is not None else 1
-    costs = None if costs is None else dataclasses.replace(costs, draft_forward=0.0)
-    meter = DraftLengthPolicy(num_tokens=num_tokens, schedule="constant", cost_ratio=0.0, costs=costs)
+    meter = DraftLengthPolicy.cost_meter(prompt_lookup.num_tokens if prompt_lookup is not None else 1, costs)
     make_drafter = functools.partial(MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
     return decode(
         model,
