@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from hf_specdec import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
-from hf_specdec.acceptance import greedy_accept_tree, sample_accept_tree
-from hf_specdec.row_trees import RowTrees
+from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_tree
+from hf_specdec.trees.row_trees import RowTrees
 
 
 def _one_hot_logits(tokens: list[list[int]], vocab: int = 10) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.draft_length import AcceptanceHistory, DraftLengthPolicy
+from hf_specdec.generation.costs import AcceptanceHistory, DraftLengthPolicy
 
 
 def test_adaptive_costs_are_recovered_from_step_timings() -> None:

@@ -90,7 +90,7 @@ def test_draft_tree_sampling_follows_the_target_distribution(mode: str) -> None:
 
 
 def test_a_broken_rule_on_draft_trees_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hf_specdec.decoding, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
+    monkeypatch.setattr(hf_specdec.generation.loop, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
     (samples_a, _), _ = _tree_samples("plain", seed=78)
     assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
-from hf_specdec.acceptance import greedy_accept_tree
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.tree import preset_tree
+from hf_specdec.generation.acceptance import greedy_accept_tree
+from hf_specdec.trees.row_trees import RowTrees
+from hf_specdec.trees.static import preset_tree
 from tests.test_medusa import _generate
 from tests.test_recurrent_heads import _recurrent
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model

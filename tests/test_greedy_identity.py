@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from hf_specdec.vocab import count_tokens, frequent_tokens
+from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
 
 ARCHS = sorted(BUILDERS)
@@ -121,7 +121,7 @@ def test_draft_length_policies_keep_identity(policy: dict) -> None:
 
 def test_cache_compaction_keeps_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     """Squeezing holes out of the caches after every step changes nothing but memory."""
-    import hf_specdec.kv_cache as kv_cache
+    import hf_specdec.generation.kv_cache as kv_cache
 
     compactions = []
     original = kv_cache.CachedSequence.compact

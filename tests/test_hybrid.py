@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.hybrid import HybridDrafter
-from hf_specdec.processing import RaggedLogitsProcessor
+from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.drafters.hybrid import HybridDrafter
+from hf_specdec.generation.processing import RaggedLogitsProcessor
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
     ALPHA,
@@ -156,8 +156,8 @@ def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, a
 def test_lookup_learns_from_model_steps() -> None:
     """On a model step, the lookup's own proposal is scored against the committed tokens: positions it got
     right count as accepted, the first wrong one as rejected, positions past the committed ones not at all."""
-    from hf_specdec.drafting import Chain
-    from hf_specdec.lookup import PromptLookupDrafter
+    from hf_specdec.drafters.base import Chain
+    from hf_specdec.drafters.lookup import PromptLookupDrafter
 
     lookup = PromptLookupDrafter(num_tokens=4, max_ngram_size=1)
     lookup._sizes = [1, 1]
@@ -172,8 +172,8 @@ def test_lookup_learns_from_model_steps() -> None:
 def test_catching_up_keeps_padding_positions_in_range() -> None:
     """Found by the fuzzer: after a lookup step, rows catch up on different numbers of tokens; the padding
     before a row's pending tokens must get a valid position, or a draft with learned positions (GPT-2) fails."""
-    from hf_specdec.draft_length import DraftLengthPolicy
-    from hf_specdec.sequences import TokenBuffer
+    from hf_specdec.generation.costs import DraftLengthPolicy
+    from hf_specdec.generation.sequences import TokenBuffer
 
     draft = tiny_model("gpt2", seed=0, num_layers=1)
     drafter = DraftModelDrafter(draft, 96, RaggedLogitsProcessor(LogitsProcessorList()), do_sample=False)

@@ -56,11 +56,11 @@ from transformers import (
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
-from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.hybrid import HybridDrafter
-from hf_specdec.kv_cache import COMPACT_FRACTION, MIN_WASTE, CachedSequence
-from hf_specdec.lookup import PromptLookupDrafter
-from hf_specdec.sequences import TokenBuffer
+from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.drafters.hybrid import HybridDrafter
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.kv_cache import COMPACT_FRACTION, MIN_WASTE, CachedSequence
+from hf_specdec.generation.sequences import TokenBuffer
 from tests.tiny_models import BOS, PAD, VOCAB
 
 NEW_TOKENS = 1000  # per row, 3 rows: 3,000 generated tokens per path

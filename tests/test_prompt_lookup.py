@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-import hf_specdec.decoding
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.lookup import PromptLookupDrafter, lookup_continuation
-from hf_specdec.sequences import TokenBuffer
+import hf_specdec.generation.loop
+from hf_specdec.drafters.lookup import PromptLookupDrafter, lookup_continuation
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.sequences import TokenBuffer
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
     ALPHA,
@@ -216,6 +216,6 @@ def test_the_distribution_check_catches_a_residual_that_keeps_the_rejected_token
     """Negative control: resampling from p itself after a rejection (instead of p without the rejected
     token) over-weights the drafted token, and the same check must see it."""
 
-    monkeypatch.setattr(hf_specdec.decoding, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
+    monkeypatch.setattr(hf_specdec.generation.loop, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
     (samples_a, _), _ = _lookup_samples((PROMPT_A, PROMPT_B), 2, "plain", seed=2024)
     assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA

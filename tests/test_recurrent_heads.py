@@ -10,7 +10,7 @@ from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, following_tokens, medusa_loss_from_hidden
 from hf_specdec.medusa.recurrent import RecurrentHeads
-from hf_specdec.tree import DraftTree, preset_tree
+from hf_specdec.trees.static import DraftTree, preset_tree
 from tests.test_medusa import _fit_heads, _generate
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
 

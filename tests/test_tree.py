@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.kv_cache import CachedSequence
-from hf_specdec.masks import chain_structure
-from hf_specdec.tree import DraftTree
+from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.trees.masks import chain_structure
+from hf_specdec.trees.static import DraftTree
 from tests.tiny_models import BUILDERS, tiny_model
 
 #          root(0)

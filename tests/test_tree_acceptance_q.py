@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import torch
 
-import hf_specdec.acceptance as acceptance
-from hf_specdec.acceptance import point_draft_sampling, sample_accept_tree, speculative_sampling
-from hf_specdec.row_trees import RowTrees
+import hf_specdec.generation.acceptance as acceptance
+from hf_specdec.generation.acceptance import point_draft_sampling, sample_accept_tree, speculative_sampling
+from hf_specdec.trees.row_trees import RowTrees
 from tests.goodness_of_fit import chisquare_pvalue, marginal
 
 ALPHA = 1e-3

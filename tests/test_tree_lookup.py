@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
-from hf_specdec.acceptance import greedy_accept_tree
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.tree import DraftTree
-from hf_specdec.tree_lookup import graft_chains
+from hf_specdec.generation.acceptance import greedy_accept_tree
+from hf_specdec.trees.lookup_graft import graft_chains
+from hf_specdec.trees.row_trees import RowTrees
+from hf_specdec.trees.static import DraftTree
 from tests.test_medusa import _generate
 from tests.test_recurrent_heads import _recurrent
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model

@@ -41,11 +41,11 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-import hf_specdec.decoding as medusa_decoding  # the one loop: its acceptance rules are patched here
+import hf_specdec.generation.loop as medusa_decoding  # the one loop: its acceptance rules are patched here
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
-from hf_specdec.acceptance import sample_accept_tree, typical_accept_tree
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.tree import DraftTree
+from hf_specdec.generation.acceptance import sample_accept_tree, typical_accept_tree
+from hf_specdec.trees.row_trees import RowTrees
+from hf_specdec.trees.static import DraftTree
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sampling_warpers
 
 ALPHA = 1e-3  # reject "samples follow the target's distribution" at p < ALPHA

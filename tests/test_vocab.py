@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids, count_tokens, frequent_tokens, vocab_index
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss_from_hidden
-from hf_specdec.vocab import VocabularyRows, check_token_ids, count_tokens, frequent_tokens, vocab_index
 from tests.tiny_models import VOCAB, ragged_batch, tiny_model, tiny_target
 
 

@@ -1,14 +1,19 @@
 """hf_specdec: lossless speculative decoding for Hugging Face transformers causal LMs, at any batch size."""
 
-from hf_specdec.acceptance import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
-from hf_specdec.decoding import speculative_decode
-from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.acceptance import (
+    greedy_accept,
+    point_draft_sampling,
+    residual_distribution,
+    speculative_sampling,
+)
+from hf_specdec.generation.costs import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.generation.loop import speculative_decode
+from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
+from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
-from hf_specdec.mixin import SpeculativeGenerationMixin, speculative
-from hf_specdec.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
-from hf_specdec.tree import DraftTree, build_tree, preset_tree
+from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.static import DraftTree, build_tree, preset_tree
 
 __all__ = [
     "DraftLengthPolicy",

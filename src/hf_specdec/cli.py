@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.bench.cli import add_bench_parser, run_bench
-from hf_specdec.demo import DEFAULT_PROMPTS, run_demo
+from hf_specdec.bench.demo import DEFAULT_PROMPTS, run_demo
 from hf_specdec.simulator.cli import add_simulate_parser, run_simulate
 from hf_specdec.topics import TOPICS, select_conversations
 

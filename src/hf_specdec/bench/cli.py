@@ -14,7 +14,7 @@ from hf_specdec.bench.methods import METHODS, method_by_name
 from hf_specdec.bench.prompts import CATEGORIES, load_prompts
 from hf_specdec.bench.report import format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
-from hf_specdec.mixin import speculative
+from hf_specdec.generation.mixin import speculative
 from hf_specdec.zoo import load_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

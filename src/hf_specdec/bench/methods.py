@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.draft_tree import DEFAULT_DEPTH, DEFAULT_TOP_K, draft_tree_spec
-from hf_specdec.dynamic_tree import DynamicTree
+from hf_specdec.drafters.draft_tree import DEFAULT_DEPTH, DEFAULT_TOP_K, draft_tree_spec
+from hf_specdec.trees.dynamic import DynamicTree
 
 
 @dataclass(frozen=True)

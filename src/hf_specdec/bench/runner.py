@@ -11,10 +11,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_specdec.bench.demo import chat_inputs
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt
-from hf_specdec.demo import chat_inputs
-from hf_specdec.validation import eos_token_ids
+from hf_specdec.generation.validation import eos_token_ids
 
 # A bf16 forward over several tokens rounds differently from one over a single token; a divergence from
 # plain greedy at a logit gap below this is a numerical tie, above it a bug (shared/GUIDE.md, Measuring).

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hf_specdec.bench.prompts import sharegpt_v3_conversations
-from hf_specdec.vocab import draft_vocabulary
+from hf_specdec.drafters.vocab import draft_vocabulary
 from hf_specdec.zoo import cache_dir
 
 DEFAULT_SIZE = 32768

@@ -1,4 +1,4 @@
-"""Medusa decoding: the library's one decoding loop (`hf_specdec.decoding.decode`) with the heads as its
+"""Medusa decoding: the library's one decoding loop (`hf_specdec.generation.loop.decode`) with the heads as its
 drafter (`MedusaDrafter`): candidates from the heads (a static or a dynamic tree, with prompt lookup's
 continuation grafted on when asked), one tree forward, the deepest node whose path is right, its path committed.
 
@@ -15,14 +15,14 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.decoding import ACCEPTANCE, decode
-from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.costs import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.generation.loop import ACCEPTANCE, decode
+from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.drafter import MedusaDrafter
 from hf_specdec.medusa.heads import DraftHeads
-from hf_specdec.outputs import SpeculativeDecoderOnlyOutput
-from hf_specdec.tree import DraftTree
+from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.static import DraftTree
 
 __all__ = ["ACCEPTANCE", "medusa_decode"]
 
@@ -60,8 +60,8 @@ def medusa_decode(
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as long as the measured acceptance of its matches pays for verifying it.
         costs (`SpeculativeCosts`, *optional*): with `prompt_lookup`, fixed costs instead of measured ones (see
-            `hf_specdec.draft_length`).
-        streamer, generator, model_kwargs: as for [`hf_specdec.decoding.decode`].
+            `hf_specdec.generation.costs`).
+        streamer, generator, model_kwargs: as for [`hf_specdec.generation.loop.decode`].
 
     Returns:
         `torch.LongTensor` `(batch, prompt + new)`, or a `SpeculativeDecoderOnlyOutput`.

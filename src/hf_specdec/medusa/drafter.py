@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.drafting import Accepted, DraftingContext, Proposal
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.heads import DraftHeads
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.sequences import TokenBuffer
-from hf_specdec.tree import DraftTree
-from hf_specdec.tree_lookup import graft_chains
+from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.lookup_graft import graft_chains
+from hf_specdec.trees.row_trees import RowTrees
+from hf_specdec.trees.static import DraftTree
 
 
 class MedusaDrafter:
@@ -28,7 +28,7 @@ class MedusaDrafter:
         tree (`DraftTree` or `DynamicTree`): the same tree every step, or one grown per row and step (with a
             depth set).
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
-            its tree (`hf_specdec.tree_lookup`), as far as the measured acceptance of its matches pays for
+            its tree (`hf_specdec.trees.lookup_graft`), as far as the measured acceptance of its matches pays for
             verifying it.
     """
 

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from hf_specdec.dynamic_tree import DynamicTree, Expander
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.tree import DraftTree
-from hf_specdec.vocab import VocabularyRows, check_token_ids, vocab_index
+from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids, vocab_index
+from hf_specdec.trees.dynamic import DynamicTree, Expander
+from hf_specdec.trees.row_trees import RowTrees
+from hf_specdec.trees.static import DraftTree
 
 
 class ResBlock(nn.Module):
@@ -30,7 +30,7 @@ class DraftHeads(nn.Module):
     """What every kind of draft head shares: a depth (how many tokens past the base's next one it guesses),
     the vocabulary it proposes from and the projection onto it.
 
-    With `token_ids`, the heads propose only those tokens (a *draft vocabulary*, see `hf_specdec.vocab`):
+    With `token_ids`, the heads propose only those tokens (a *draft vocabulary*, see `hf_specdec.drafters.vocab`):
     they project onto those rows of the vocabulary and their logits have `len(token_ids)` entries. On a
     large vocabulary this makes the heads several times cheaper, and it stays lossless (the base verifies).
 

@@ -13,18 +13,25 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from transformers.utils import PushToHubMixin
 
-from hf_specdec.arguments import LOOKUP_SETTINGS, lookup_settings, passed, requested, with_stop_strings, withhold
-from hf_specdec.draft_length import SpeculativeCosts
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.lookup import PromptLookupDrafter
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.arguments import (
+    LOOKUP_SETTINGS,
+    lookup_settings,
+    passed,
+    requested,
+    with_stop_strings,
+    withhold,
+)
+from hf_specdec.generation.costs import SpeculativeCosts
+from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
 from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME, load_original
 from hf_specdec.medusa.recurrent import RecurrentHeads
-from hf_specdec.tree import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
-from hf_specdec.validation import output_vocab_size
+from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.static import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
 ADAPTER_FOLDER = "base_adapter"
@@ -42,7 +49,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         config (`MedusaConfig`): the heads' configuration (sizes are checked against the base).
         heads (`DraftHeads`, *optional*): existing heads (`MedusaHeads` or `RecurrentHeads`, as
             `config.head_type` says); fresh ones are built when `None`.
-        token_ids (`torch.LongTensor`, *optional*): the fresh heads' draft vocabulary (see `hf_specdec.vocab`);
+        token_ids (`torch.LongTensor`, *optional*): the fresh heads' draft vocabulary (see `hf_specdec.drafters.vocab`);
             sets `config.head_vocab_size`. Loading fills it from the checkpoint.
     """
 
@@ -78,7 +85,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         elif config.head_vocab_size is not None:
             raise ValueError(
                 f"head_vocab_size={config.head_vocab_size} needs the ids the heads may propose: pass `token_ids=` "
-                "(e.g. hf_specdec.vocab.frequent_tokens of the training labels)."
+                "(e.g. hf_specdec.drafters.vocab.frequent_tokens of the training labels)."
             )
         if heads is None:
             heads = _fresh_heads(config, base, token_ids)
@@ -93,7 +100,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         cls, base: PreTrainedModel, config: MedusaConfig | None = None, token_ids: torch.Tensor | None = None
     ) -> MedusaForCausalLM:
         """Fresh heads on `base` (which is not modified), proposing only `token_ids` if given (a draft
-        vocabulary, e.g. `hf_specdec.vocab.frequent_tokens` of the training data)."""
+        vocabulary, e.g. `hf_specdec.drafters.vocab.frequent_tokens` of the training data)."""
         return cls(base, config or MedusaConfig(), token_ids=token_ids)
 
     def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
@@ -248,7 +255,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 for (measured timings decide, so seeded sampling may draw differently from run to run; the
                 distribution stays exact), with `"constant"` the whole match.
             speculative_costs (`SpeculativeCosts`, with prompt lookup): fixed costs instead of measured ones, for
-                bitwise-reproducible seeded sampling (see `hf_specdec.draft_length`).
+                bitwise-reproducible seeded sampling (see `hf_specdec.generation.costs`).
         """
         if not medusa:
             if tree is not None or medusa_acceptance != "exact":

@@ -27,10 +27,10 @@ import functools
 import torch
 from torch import nn
 
-from hf_specdec.dynamic_tree import Expander
 from hf_specdec.medusa.heads import DraftHeads, ResBlock
 from hf_specdec.medusa.loss import values_after
-from hf_specdec.tree import DraftTree
+from hf_specdec.trees.dynamic import Expander
+from hf_specdec.trees.static import DraftTree
 
 
 class RecurrentHeads(DraftHeads):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_specdec.acceptance import greedy_accept, speculative_sampling
+from hf_specdec.generation.acceptance import greedy_accept, speculative_sampling
 from hf_specdec.simulator.closed_form import expected_tokens, step_cost
 from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.simulator.estimates import ChiSquare, Estimate, chi_square_test, mean_estimate, proportion_estimate

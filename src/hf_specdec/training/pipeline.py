@@ -12,6 +12,8 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
+from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
+from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory
 from hf_specdec.training.collator import MedusaCollator
@@ -19,8 +21,6 @@ from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
 from hf_specdec.training.self_distill import self_distill, self_distill_with_states
 from hf_specdec.training.trainer import MedusaTrainer
-from hf_specdec.validation import eos_token_ids, output_vocab_size
-from hf_specdec.vocab import count_tokens, frequent_tokens
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
 # What a checkpoint fixes about its heads: with --init_heads these come from it.

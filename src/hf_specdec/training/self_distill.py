@@ -18,9 +18,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
-from hf_specdec.validation import eos_token_ids
 
 
 def prompt_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:

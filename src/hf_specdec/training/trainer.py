@@ -16,7 +16,7 @@ from transformers import Trainer
 
 from hf_specdec.medusa.loss import IGNORE_INDEX, head_weights, medusa_loss_from_hidden
 from hf_specdec.medusa.model import MedusaForCausalLM
-from hf_specdec.tree import build_tree, expected_accepted_length
+from hf_specdec.trees.static import build_tree, expected_accepted_length
 
 TOP_K = 10  # ranks measured per head at evaluation: what trees of up to ~100 nodes are planned from
 

@@ -49,7 +49,7 @@ import dataclasses
 
 import torch
 
-from hf_specdec.row_trees import RowTrees
+from hf_specdec.trees.row_trees import RowTrees
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -24,21 +24,21 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.draft_tree import DraftTreeDrafter
-from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.drafting import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.hybrid import HybridDrafter
-from hf_specdec.inputs import check_prompts
-from hf_specdec.kv_cache import CachedSequence
-from hf_specdec.lookup import PromptLookupDrafter
-from hf_specdec.masks import chain_structure
-from hf_specdec.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
-from hf_specdec.processing import RaggedLogitsProcessor, verification_scores
-from hf_specdec.sequences import TokenBuffer
-from hf_specdec.validation import check_generation_config, output_vocab_size
+from hf_specdec.drafters.base import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal
+from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.drafters.draft_tree import DraftTreeDrafter
+from hf_specdec.drafters.hybrid import HybridDrafter
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.inputs import check_prompts
+from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
+from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.generation.validation import check_generation_config, output_vocab_size
+from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.masks import chain_structure
 
 ACCEPTANCE = ("exact", "typical")
 

@@ -2,7 +2,7 @@
 
 A chain bets every draft on the draft's single best continuation; where the draft hesitates between two
 tokens, a tree verifies both in the same target forward. The tree grows as Medusa's dynamic trees do (after
-EAGLE-2, `hf_specdec.dynamic_tree`): from the root (the row's last committed token), depth by depth, every
+EAGLE-2, `hf_specdec.trees.dynamic`): from the root (the row's last committed token), depth by depth, every
 frontier node gets the draft's `top_k` likeliest next tokens, and the `top_k` best-scored of those (by the
 draft's probability of their whole path) become the next frontier, fed to the draft in one forward under a
 tree mask (each node sees the committed tokens and its own ancestors); then the `num_nodes` best-scored nodes
@@ -24,13 +24,13 @@ import dataclasses
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.drafting import Accepted, Proposal
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.masks import chain_structure
-from hf_specdec.processing import RaggedLogitsProcessor
-from hf_specdec.sequences import TokenBuffer
+from hf_specdec.drafters.base import Accepted, Proposal
+from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.masks import chain_structure
 
 # A draft tree's shape when `tree=` gives only its size (`tree=8`): measured defaults for a draft model.
 DEFAULT_DEPTH = 6

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.kv_cache import AttentionLayout
-from hf_specdec.validation import check_architecture, output_vocab_size
+from hf_specdec.generation.kv_cache import AttentionLayout
+from hf_specdec.generation.validation import check_architecture, output_vocab_size
 
 
 def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from hf_specdec.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE
+from hf_specdec.drafters.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE
 
 # Settings transformers would act on itself if they reached its `generate()`.
 LOOKUP_SETTINGS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")

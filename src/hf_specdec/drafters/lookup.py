@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.draft_length import AcceptanceHistory, DraftLengthPolicy
-from hf_specdec.drafting import Chain, ChainDrafter
-from hf_specdec.sequences import TokenBuffer
+from hf_specdec.drafters.base import Chain, ChainDrafter
+from hf_specdec.generation.costs import AcceptanceHistory, DraftLengthPolicy
+from hf_specdec.generation.sequences import TokenBuffer
 
 # Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
 # last entry); from the replay described above.

@@ -16,14 +16,14 @@ from torch.nn import functional
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.drafting import Chain, ChainDrafter
-from hf_specdec.kv_cache import CachedSequence
-from hf_specdec.masks import chain_structure
-from hf_specdec.processing import RaggedLogitsProcessor
-from hf_specdec.sequences import TokenBuffer
-from hf_specdec.validation import output_vocab_size
-from hf_specdec.vocab import VocabularyRows, check_token_ids
+from hf_specdec.drafters.base import Chain, ChainDrafter
+from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.generation.validation import output_vocab_size
+from hf_specdec.trees.masks import chain_structure
 
 
 class DraftModelDrafter(ChainDrafter):
@@ -35,7 +35,7 @@ class DraftModelDrafter(ChainDrafter):
         processors (`RaggedLogitsProcessor`): the same processors the target's scores go through.
         do_sample (`bool`): sample drafts from q (and return q) instead of taking the argmax.
         generator (`torch.Generator`, *optional*): randomness for sampling.
-        token_ids (`torch.LongTensor`, *optional*): a draft vocabulary (see `hf_specdec.vocab`): the draft then
+        token_ids (`torch.LongTensor`, *optional*): a draft vocabulary (see `hf_specdec.drafters.vocab`): the draft then
             runs its decoder and projects onto these rows of its lm_head only, and proposes only these tokens;
             its distribution q is the softmax over them (zero elsewhere), which keeps sampling exact.
         max_tokens (`int`): the most tokens a step drafts (the length schedule's `max_tokens`).

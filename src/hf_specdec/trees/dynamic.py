@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_specdec.row_trees import RowTrees
+from hf_specdec.trees.row_trees import RowTrees
 
 # expand(tokens (B, F), parent_slot (B, F) or None) -> log-probabilities (B, F, V) of the next token after each
 # frontier node; parent_slot[b, f]: which node of the previous frontier is the parent of frontier node f

@@ -1,6 +1,6 @@
 """Prompt lookup inside a tree: graft each row's looked-up continuation onto the heads' tree.
 
-The heads guess from the base's hidden state; prompt lookup (see `hf_specdec.lookup`) copies what followed
+The heads guess from the base's hidden state; prompt lookup (see `hf_specdec.drafters.lookup`) copies what followed
 the row's last n-gram the last time it occurred. They are right in different places (a reply that quotes
 its prompt, code that restates a signature, a calculation that repeats a number), and a tree verifies both
 in the same forward: the continuation becomes a chain from the root, sharing the nodes whose tokens the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.row_trees import RowTrees
+from hf_specdec.trees.row_trees import RowTrees
 
 
 def graft_chains(

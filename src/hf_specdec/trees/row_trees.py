@@ -1,7 +1,7 @@
 """The draft trees of one verification step, one per row of the batch.
 
 A static [`DraftTree`] is the same for every row and every step; a dynamic tree (see
-[`hf_specdec.dynamic_tree`]) is grown per row from the drafter's own probabilities, so rows verify trees of
+[`hf_specdec.trees.dynamic`]) is grown per row from the drafter's own probabilities, so rows verify trees of
 different shapes in the same forward. Verification needs the same facts either way, as batched tensors:
 
     parents     (B, N)          parent of every node (node 0 is the root, its parent -1)
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from hf_specdec.tree import DraftTree
+    from hf_specdec.trees.static import DraftTree
 
 
 @dataclass(frozen=True)

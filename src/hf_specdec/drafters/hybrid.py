@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.drafter import DraftModelDrafter
-from hf_specdec.drafting import Chain, ChainDrafter
-from hf_specdec.lookup import PromptLookupDrafter
-from hf_specdec.sequences import TokenBuffer
+from hf_specdec.drafters.base import Chain, ChainDrafter
+from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.sequences import TokenBuffer
 
 # Weight of the newest model step in the running means of its tokens and drafts per step.
 _SMOOTHING = 0.2

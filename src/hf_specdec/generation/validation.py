@@ -8,7 +8,7 @@ from typing import Any
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
-from hf_specdec.kv_cache import AttentionLayout
+from hf_specdec.generation.kv_cache import AttentionLayout
 
 # Models whose layers carry a recurrent state but whose configs have no `layer_types` to say so.
 _RECURRENT_MODEL_TYPES = {"rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba"}

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hf_specdec.masks import to_additive, visibility
+from hf_specdec.trees.masks import to_additive, visibility
 
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hf_specdec.draft_length import SpeculativeCosts
+from hf_specdec.generation.costs import SpeculativeCosts
 
 
 @dataclass

@@ -107,7 +107,7 @@ def run_demo(
 def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict) -> None:
     """Say where the outputs part and whether it is a numerical tie (expected in bf16) or a real difference."""
     from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
-    from hf_specdec.validation import eos_token_ids
+    from hf_specdec.generation.validation import eos_token_ids
 
     lengths = row_lengths(plain.sequences, inputs["input_ids"].shape[1], eos_token_ids(target))
     _, divergences = compare_to_plain(target, plain.sequences, fast.sequences, inputs, lengths)

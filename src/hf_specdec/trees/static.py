@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_specdec.row_trees import RowTrees
+from hf_specdec.trees.row_trees import RowTrees
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.sequences import TokenBuffer
+from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.trees.row_trees import RowTrees
 
 # Processors whose output depends on the scores alone, not on the prefix they are called with.
 _PREFIX_FREE = (

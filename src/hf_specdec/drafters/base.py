@@ -18,10 +18,10 @@ from typing import NamedTuple, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.draft_length import DraftLengthPolicy
-from hf_specdec.processing import RaggedLogitsProcessor
-from hf_specdec.row_trees import RowTrees
-from hf_specdec.sequences import TokenBuffer
+from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.trees.row_trees import RowTrees
 
 
 class Proposal(NamedTuple):

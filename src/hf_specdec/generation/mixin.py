@@ -16,7 +16,10 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.arguments import (
+from hf_specdec.drafters.draft_tree import draft_tree_spec
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.vocab import check_token_ids
+from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
     LookupSettings,
     lookup_settings,
@@ -25,13 +28,10 @@ from hf_specdec.arguments import (
     with_stop_strings,
     withhold,
 )
-from hf_specdec.decoding import speculative_decode
-from hf_specdec.draft_length import DraftLengthPolicy, SpeculativeCosts
-from hf_specdec.draft_tree import draft_tree_spec
-from hf_specdec.dynamic_tree import DynamicTree
-from hf_specdec.lookup import PromptLookupDrafter
-from hf_specdec.validation import check_models, output_vocab_size
-from hf_specdec.vocab import check_token_ids
+from hf_specdec.generation.costs import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.generation.loop import speculative_decode
+from hf_specdec.generation.validation import check_models, output_vocab_size
+from hf_specdec.trees.dynamic import DynamicTree
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
 DEFAULT_NUM_ASSISTANT_TOKENS = 8
@@ -53,7 +53,7 @@ class SpeculativeGenerationMixin:
             chain (EAGLE-2-style: `top_k` children per frontier node, the best `num_nodes` verified in one target
             forward; an int is a number of nodes with the default shape). Not with prompt lookup.
         assistant_vocab (`torch.LongTensor` or list of ids): a draft vocabulary, e.g. the most frequent tokens
-            (`hf_specdec.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
+            (`hf_specdec.drafters.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
             lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target still
             verifies every token over its full vocabulary (default: the draft's whole vocabulary).
         prompt_lookup_num_tokens (`int`): draft by prompt lookup: each row proposes up to this many tokens that
