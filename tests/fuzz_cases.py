@@ -624,7 +624,7 @@ def expected_refusals(case: Case, path: str) -> list[str]:
         for name, paths in DOCUMENTED_REFUSALS.items()
         if case.gen.get(name) and any(path.startswith(p) for p in paths)
     ]
-    # SynthID text watermarking counts its calls: refused on every path (docs/usage.md, processing.py).
+    # SynthID text watermarking counts its calls: refused on every path (docs/usage.md, generation/processing.py).
     if isinstance(case.gen.get("watermarking_config"), SynthIDTextWatermarkingConfig):
         names.append("watermarking_config")
     return names

@@ -53,9 +53,9 @@ class SpeculativeGenerationMixin:
             chain (EAGLE-2-style: `top_k` children per frontier node, the best `num_nodes` verified in one target
             forward; an int is a number of nodes with the default shape). Not with prompt lookup.
         assistant_vocab (`torch.LongTensor` or list of ids): a draft vocabulary, e.g. the most frequent tokens
-            (`hf_specdec.drafters.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the rest of its
-            lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target still
-            verifies every token over its full vocabulary (default: the draft's whole vocabulary).
+            (`hf_specdec.drafters.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the
+            rest of its lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target
+            still verifies every token over its full vocabulary (default: the draft's whole vocabulary).
         prompt_lookup_num_tokens (`int`): draft by prompt lookup: each row proposes up to this many tokens that
             followed its last n-gram where it last occurred in the row (prompt or generated text). Alone, no draft
             model runs; with `assistant=` too, each step drafts with whichever of the two is expected to commit
