@@ -40,7 +40,7 @@ def test_row_trees_by_hand() -> None:
 @pytest.mark.parametrize("name", ["chain", "small", "medium", "xlarge"])
 def test_row_trees_of_a_static_tree_match_its_buffers(name: str) -> None:
     tree = preset_tree(name, 4)
-    trees = RowTrees.from_tree(tree).expand(3)
+    trees = tree.row_trees().expand(3)
     assert trees.parents.shape == (3, tree.num_nodes)
     assert torch.equal(trees.ancestors[2], tree.ancestors)
     assert torch.equal(trees.depths[1], tree.depths)

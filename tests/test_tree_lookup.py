@@ -18,7 +18,7 @@ from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
 
 def test_graft_by_hand() -> None:
     tree = DraftTree([[0], [1], [0, 0]])  # nodes: root, (0), (1), (0,0)
-    trees = RowTrees.from_tree(tree).expand(3)
+    trees = tree.row_trees().expand(3)
     nodes = torch.tensor([[9, 4, 5, 6], [9, 4, 5, 6], [9, 4, 5, 6]])
     chains = torch.tensor([[4, 7, 8], [5, 0, 0], [1, 2, 3]])
     lengths = torch.tensor([3, 1, 0])
@@ -39,7 +39,7 @@ def test_graft_by_hand() -> None:
 
 
 def test_nothing_to_graft_keeps_the_tree() -> None:
-    trees = RowTrees.from_tree(DraftTree([[0], [1]])).expand(2)
+    trees = DraftTree([[0], [1]]).row_trees().expand(2)
     nodes = torch.tensor([[1, 2, 3], [1, 2, 3]])
     same, out = graft_chains(nodes, trees, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, dtype=torch.long))
     assert same is nodes and out is trees

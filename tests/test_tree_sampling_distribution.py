@@ -119,7 +119,7 @@ BROKEN_RULES = {
 UNIT_VOCAB = 6
 UNIT_SAMPLES = 100_000
 UNIT_TREE = DraftTree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
-UNIT_TREES = RowTrees.from_tree(UNIT_TREE)
+UNIT_TREES = UNIT_TREE.row_trees()
 # Node tokens in the tree's (breadth-first) node order: the root, depth 1 by rank, then (0,0), (0,1), (1,0).
 # Siblings are distinct (a head's top-k), and (0,0) and (1,0) hold the same token (one head fills a depth).
 # Tokens 0 and 5 are never drafted at depth 1.

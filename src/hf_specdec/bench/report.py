@@ -1,14 +1,54 @@
-"""Aggregate a benchmark run per method: a table, JSON and PNG plots."""
+"""A benchmark run's results (`Sample`, `BenchmarkResult`), aggregated per method: a table, JSON and PNG plots."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hf_specdec.bench.runner import BenchmarkResult, Sample
+
+@dataclass
+class Sample:
+    """One method on one batch of prompts."""
+
+    method: str
+    batch: int
+    categories: list[str]
+    seconds: float
+    new_tokens: list[int]
+    target_forwards: list[int]
+    accepted_tokens: list[int] = field(default_factory=list)
+    drafted_at_position: list[int] = field(default_factory=list)
+    accepted_at_position: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    matches_plain: list[bool] | None = None
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+
+
+@dataclass
+class BenchmarkResult:
+    """Everything a benchmark run measured; `summary()` aggregates it per method."""
+
+    settings: dict[str, Any]
+    samples: list[Sample] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    cost_curve: dict[int, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "summary": self.summary(),
+            "skipped": self.skipped,
+            "cost_curve_seconds": self.cost_curve,
+            "samples": [asdict(s) for s in self.samples],
+        }
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        return summarize(self)
 
 
 def _rate(samples: list[Sample]) -> float:

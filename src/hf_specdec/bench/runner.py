@@ -4,65 +4,20 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_specdec.bench.demo import chat_inputs
 from hf_specdec.bench.methods import Method
-from hf_specdec.bench.prompts import Prompt
+from hf_specdec.bench.prompts import Prompt, chat_inputs
+from hf_specdec.bench.report import BenchmarkResult, Sample
 from hf_specdec.generation.validation import eos_token_ids
 
 # A bf16 forward over several tokens rounds differently from one over a single token; a divergence from
-# plain greedy at a logit gap below this is a numerical tie, above it a bug (shared/GUIDE.md, Measuring).
+# plain greedy at a logit gap below this is a numerical tie, above it a bug (docs/benchmarks.md).
 BF16_TIE_GAP = 0.25
-
-
-@dataclass
-class Sample:
-    """One method on one batch of prompts."""
-
-    method: str
-    batch: int
-    categories: list[str]
-    seconds: float
-    new_tokens: list[int]
-    target_forwards: list[int]
-    accepted_tokens: list[int] = field(default_factory=list)
-    drafted_at_position: list[int] = field(default_factory=list)
-    accepted_at_position: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    matches_plain: list[bool] | None = None
-    divergences: list[dict[str, Any]] = field(default_factory=list)
-    peak_memory_bytes: int | None = None
-
-
-@dataclass
-class BenchmarkResult:
-    """Everything a benchmark run measured; `summary()` aggregates it per method."""
-
-    settings: dict[str, Any]
-    samples: list[Sample] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)
-    cost_curve: dict[int, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "settings": self.settings,
-            "summary": self.summary(),
-            "skipped": self.skipped,
-            "cost_curve_seconds": self.cost_curve,
-            "samples": [asdict(s) for s in self.samples],
-        }
-
-    def summary(self) -> dict[str, dict[str, Any]]:
-        from hf_specdec.bench.report import summarize
-
-        return summarize(self)
 
 
 def row_lengths(sequences: torch.Tensor, prompt_length: int, eos: list[int]) -> list[int]:

@@ -19,10 +19,10 @@ node, how many drafted nodes lead to it, and the step's own token. Trees are [`R
       when every child is rejected, the step's token is drawn from the last p.
 
   With `q` given, a node's children must have been drawn one after the other from q at that node *without
-  replacement* (`torch.multinomial(q, n, replacement=False)`): Yang et al. 2024, "Multi-Candidate Speculative
-  Decoding", sampling without replacement (`_MCSSwoReplacement` in github.com/NJUNLP/MCSD), also the recursive
-  rejection sampling of Jeon et al. 2024 ("Recursive Speculative Decoding"). SpecInfer's multi-step speculative
-  sampling (Miao et al. 2024) is the same recursion for independent candidates, whose q stays as it is.
+  replacement* (`torch.multinomial(q, n, replacement=False)`): the sampling without replacement of MCSD (Yang
+  et al. 2024, "Multi-Candidate Speculative Decoding"), also the recursive rejection sampling of Jeon et al.
+  2024 ("Recursive Speculative Decoding"). SpecInfer's multi-step speculative sampling (Miao et al. 2024) is
+  the same recursion for independent candidates, whose q stays as it is.
   Without `q`, every child is a certain proposal (q a point mass on it: a head's top-k, prompt lookup's,
   EAGLE-2's `evaluate_posterior` with `qx = 1`): accepted with probability p(c); a rejection zeroes c in p and
   renormalises. That rule is exact whatever chose the candidates (given them, it emits p), only it accepts

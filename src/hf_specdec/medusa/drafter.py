@@ -12,7 +12,6 @@ from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.lookup_graft import graft_chains
-from hf_specdec.trees.row_trees import RowTrees
 from hf_specdec.trees.static import DraftTree
 
 
@@ -49,7 +48,7 @@ class MedusaDrafter:
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
         device = context.target.device
-        self.static = RowTrees.from_tree(tree, device) if isinstance(tree, DraftTree) else None
+        self.static = tree.row_trees(device) if isinstance(tree, DraftTree) else None
         self.max_depth = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
         self.hidden: torch.Tensor | None = None  # (A, 1, H) the base's state that chose each row's last token
 

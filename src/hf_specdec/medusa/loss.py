@@ -13,10 +13,10 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from hf_specdec.medusa.labels import IGNORE_INDEX, values_after
+
 if TYPE_CHECKING:
     from hf_specdec.medusa.heads import DraftHeads
-
-IGNORE_INDEX = -100
 
 
 def head_labels(labels: torch.Tensor, head: int) -> torch.Tensor:
@@ -108,12 +108,6 @@ def following_tokens(
     window = values_after(labels, depth + 1, IGNORE_INDEX)  # (B, T, depth + 1)
     run = values_after(on_path, depth + 1, False).long().cumprod(dim=-1).sum(dim=-1)
     return window, run
-
-
-def values_after(values: torch.Tensor, width: int, fill: int | bool) -> torch.Tensor:
-    """`(batch, seq, width)`: at every position t of `values` `(batch, seq)`, the entries t + 1 .. t + width
-    (`fill` past the end). A view of a padded copy, not `width` copies."""
-    return functional.pad(values, (0, width + 1), value=fill).unfold(1, width, 1)[:, 1 : values.shape[1] + 1]
 
 
 def depth_targets(window: torch.Tensor, run: torch.Tensor, depth: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
-from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss
+from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME, load_original
 from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.trees.dynamic import DynamicTree
@@ -333,6 +333,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             head_logits = self.heads(hidden_states, lm_head)
         result = {"head_logits": head_logits}
         if labels is not None:
+            # The training objective, loaded when labels ask for it: model code does not depend on the loss.
+            from hf_specdec.medusa.loss import medusa_loss
+
             result["loss"] = medusa_loss(head_logits, labels, input_ids=input_ids, heads=self.heads)[0]
         return result
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from hf_specdec.medusa.heads import DraftHeads, ResBlock
-from hf_specdec.medusa.loss import values_after
+from hf_specdec.medusa.labels import values_after
 from hf_specdec.trees.dynamic import Expander
 from hf_specdec.trees.static import DraftTree
 

@@ -22,7 +22,9 @@ class PublishedResult:
     source: str = ""
 
 
-_LEADERBOARD = "Spec-Bench Leaderboard.md, A100 80GB, Vicuna-7B-v1.3, greedy, fp16, batch 1 (commit 5544fd7)"
+_LEADERBOARD = (
+    "Spec-Bench leaderboard (Xia et al. 2024, commit 5544fd7), A100 80GB, Vicuna-7B-v1.3, greedy, fp16, batch 1"
+)
 SPEC_BENCH_A100_VICUNA_7B = {
     r.method: r
     for r in (

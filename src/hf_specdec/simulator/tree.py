@@ -13,17 +13,18 @@ is, so
     tau = 1 + sum over nodes of prod_{d} accept_probs[d][path[d]]
 
 (the 1 is the token the target always adds), and a step costs depth * c (one draft forward per level)
-plus V(nodes + 1) for verifying every node and the root in one forward.
+plus V(nodes + 1) for verifying every node and the root in one forward. A node's probability and the best tree
+are the library's own (`path_probability` and `best_paths` of `hf_specdec.trees.static`, which plan Medusa trees).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 from hf_specdec.simulator.closed_form import step_cost
 from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.simulator.validation import check_probabilities
+from hf_specdec.trees.static import best_paths, path_probability
 
 Tree = tuple[tuple[int, ...], ...]
 """Paths from the root, each a tuple of candidate ranks, one per depth."""
@@ -91,10 +92,7 @@ def node_probabilities(paths: Sequence[Sequence[int]], accept_probs: Sequence[Se
                 f"Path {list(path)} goes beyond accept_probs (depths {len(table)}, ranks per depth "
                 f"{[len(row) for row in table]}); give a probability for every depth and rank the tree uses."
             )
-        prob = 1.0
-        for d, rank in enumerate(path):
-            prob *= table[d][rank]
-        probs.append(prob)
+        probs.append(path_probability(path, table))
     return tuple(probs)
 
 
@@ -135,13 +133,4 @@ def best_tree(accept_probs: Sequence[Sequence[float]], num_nodes: int) -> Tree:
     table = check_accept_probs(accept_probs)
     if num_nodes < 1:
         raise ValueError(f"A tree needs at least one node, got num_nodes={num_nodes!r}.")
-    frontier = [(-p, (rank,)) for rank, p in enumerate(table[0])] if table else []
-    heapq.heapify(frontier)
-    tree: list[tuple[int, ...]] = []
-    while frontier and len(tree) < num_nodes:
-        neg_prob, path = heapq.heappop(frontier)
-        tree.append(path)
-        if len(path) < len(table):
-            for rank, p in enumerate(table[len(path)]):
-                heapq.heappush(frontier, (neg_prob * p, (*path, rank)))
-    return tuple(tree)
+    return tuple(best_paths(table, num_nodes))  # the library's own construction (hf_specdec.trees.static)

@@ -20,12 +20,8 @@ batch dimension of one, expanded to the batch without copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from hf_specdec.trees.static import DraftTree
 
 
 @dataclass(frozen=True)
@@ -93,11 +89,6 @@ class RowTrees:
         ancestors = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=device).tril()
         real = torch.ones(num_nodes, dtype=torch.bool, device=device)
         return cls(nodes[None] - 1, nodes[None], ancestors[None], paths[None], children[None], real[None])
-
-    @classmethod
-    def from_tree(cls, tree: DraftTree, device: torch.device | str = "cpu") -> RowTrees:
-        """A static tree's structure, with a batch dimension of one (see [`expand`])."""
-        return cls.from_parents(tree.parents[None].to(device))
 
     def expand(self, batch: int) -> RowTrees:
         """The same trees for `batch` rows, as views (for a structure built with one row)."""

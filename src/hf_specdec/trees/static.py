@@ -18,6 +18,8 @@ A chain of k drafts is the tree `[[0], [0, 0], ...]` with one child per node.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +67,11 @@ class DraftTree:
         if length < 1:
             raise ValueError(f"A chain needs at least one draft, got {length}.")
         return cls([[0] * d for d in range(1, length + 1)])
+
+    def row_trees(self, device: torch.device | str = "cpu") -> RowTrees:
+        """This tree's structure as verification needs it, with a batch dimension of one (see
+        [`RowTrees.expand`])."""
+        return RowTrees.from_parents(self.parents[None].to(device))
 
     @property
     def num_nodes(self) -> int:
@@ -124,25 +131,44 @@ def build_tree(accuracies: list[list[float]], num_nodes: int) -> DraftTree:
         raise ValueError(f"A tree needs at least one node, got num_nodes={num_nodes}.")
     if any(not 0.0 <= a <= 1.0 for row in accuracies for a in row) or not accuracies:
         raise ValueError("accuracies must be a non-empty list of per-depth lists of probabilities in [0, 1].")
-    frontier: list[tuple[float, tuple[int, ...]]] = [(a, (r,)) for r, a in enumerate(accuracies[0])]
+    return DraftTree([list(p) for p in best_paths(accuracies, num_nodes)])
+
+
+def best_paths(accuracies: Sequence[Sequence[float]], num_nodes: int) -> list[tuple[int, ...]]:
+    """The paths of the best tree of `num_nodes` nodes for `accuracies` (see [`build_tree`]), most likely first,
+    ties in the paths' lexicographic order; fewer when the accuracies allow no more (depths x ranks).
+
+    A greedy pick of the likeliest frontier node, starting from the root's children: a child is never likelier
+    than its parent, so the `num_nodes` likeliest paths form a tree, and no tree of that size does better. The
+    simulator's `best_tree` is this too.
+    """
+    frontier = [(-a, (r,)) for r, a in enumerate(accuracies[0])] if accuracies else []
+    heapq.heapify(frontier)
     chosen: list[tuple[int, ...]] = []
     while frontier and len(chosen) < num_nodes:
-        frontier.sort(key=lambda item: (-item[0], item[1]))
-        probability, path = frontier.pop(0)
+        neg_probability, path = heapq.heappop(frontier)
         chosen.append(path)
         if len(path) < len(accuracies):
-            frontier += [(probability * a, (*path, r)) for r, a in enumerate(accuracies[len(path)])]
-    return DraftTree([list(p) for p in chosen])
+            for r, a in enumerate(accuracies[len(path)]):
+                heapq.heappush(frontier, (neg_probability * a, (*path, r)))
+    return chosen
+
+
+def path_probability(path: Sequence[int], accuracies: Sequence[Sequence[float]]) -> float:
+    """The probability that the node at `path` is accepted: the product of the accuracies along the path (every
+    node from the root to it must be right), 0 for a rank beyond those `accuracies` give."""
+    probability = 1.0
+    for depth, rank in enumerate(path):
+        probability *= accuracies[depth][rank] if rank < len(accuracies[depth]) else 0.0
+    return probability
 
 
 def expected_accepted_length(tree: DraftTree, accuracies: list[list[float]]) -> float:
-    """Expected drafted tokens accepted per step under the same independence model as [`build_tree`]."""
+    """Expected drafted tokens accepted per step under the same independence model as [`build_tree`]: the sum
+    of [`path_probability`] over the tree's nodes."""
     total = 0.0
     for path in tree.choices:
-        probability = 1.0
-        for depth, rank in enumerate(path):
-            probability *= accuracies[depth][rank] if rank < len(accuracies[depth]) else 0.0
-        total += probability
+        total += path_probability(path, accuracies)
     return total
 
 
