@@ -5,16 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.generation.costs import AcceptanceHistory, DraftLengthPolicy
-
-
-def test_adaptive_costs_are_recovered_from_step_timings() -> None:
-    """Target: 0.2 s for one token per row at batch 4, +0.01 s per extra verified token; draft: 0.08 s."""
-    policy = DraftLengthPolicy(cost_ratio=0.3)
-    for k in [2, 5, 8, 3, 6, 4, 7] * 4:
-        policy.observe_costs(0.08 * k, k, 0.2 + 0.01 * (4 * (k + 1) - 4), rows=4)
-    assert policy.cost_ratio == pytest.approx(0.4, abs=0.01)
-    assert policy._per_token_cost == pytest.approx(0.05, abs=0.005)
+from hf_specdec.generation.cost_model import CostModel
+from hf_specdec.generation.draft_length import AcceptanceHistory, DraftLengthPolicy, shared_width
 
 
 def test_adaptive_stops_when_the_expected_gain_falls_below_the_cost() -> None:
@@ -53,11 +45,11 @@ def test_planned_length_follows_the_measured_acceptance_by_position() -> None:
     assert [history.acceptance_rate(j) for j in range(3)] == pytest.approx([0.86, 0.55, 0.23], abs=0.01)
     assert history.planned_length(6, cost=0.0) == 6  # per-token cost 0: every position with a gain pays
     # Verification: 0.2 s for one token per row at batch 4, 0.012 s per extra token: v = 0.06 per token-row.
-    policy = DraftLengthPolicy(num_tokens=6, cost_ratio=0.0)
+    costs = CostModel(draft_forward=0.0)
     for k in [0, 3, 1, 5, 2] * 4:
-        policy.observe_costs(0.0, 0, 0.2 + 0.012 * (4 * (k + 1) - 4), rows=4, verified_per_row=k + 1)
-    assert policy.cost_ratio == 0.0  # no draft forwards: nothing to learn about their cost
-    v = policy.per_token_cost
+        costs.observe(0.0, 0, 0.2 + 0.012 * (4 * (k + 1) - 4), rows=4, verified_per_row=k + 1)
+    assert costs.draft_forward == 0.0  # no draft forwards: nothing to learn about their cost
+    v = costs.verify_per_token
     assert history.planned_length(6, cost=4 * v) == 2  # gains 0.86, 0.47 pay for 4 * 0.06; the third (0.11) does not
     # One row: 0.11 pays for 0.06; a 4th draft, never measured, would gain 0.11 * 1/2 (the prior): too little.
     assert history.planned_length(6, cost=v) == 3
@@ -80,3 +72,12 @@ def test_prior_acceptance_sets_the_rate_before_any_measurement() -> None:
     assert history.expected_tokens([2]) == pytest.approx(1 + 0.8 + 0.64)
     history.update(1, torch.zeros(2, dtype=torch.long))  # two rejections: (0 + 1.6) / (2 + 2)
     assert history.acceptance_rate(0) == pytest.approx(0.4)
+
+
+def test_shared_width_weighs_every_rows_gain_against_the_whole_batchs_cost() -> None:
+    """Every row is verified to the same width: one row's good match widens the batch only while its gain,
+    averaged over all rows (the others pad), pays for `v * rows`."""
+    assert shared_width([[0.9, 0.5, 0.2]], cost=0.3) == 2  # one row: its own rule
+    assert shared_width([[0.9, 0.5, 0.2], [], [], []], cost=0.2) == 1  # 0.9 / 4 pays, 0.5 / 4 does not
+    assert shared_width([[0.9, 0.5, 0.2], [0.8, 0.6], [0.9], []], cost=0.2) == 2  # (0.5 + 0.6) / 4 pays
+    assert shared_width([[], []], cost=0.0) == 0  # nothing matched

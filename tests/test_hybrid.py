@@ -172,7 +172,7 @@ def test_lookup_learns_from_model_steps() -> None:
 def test_catching_up_keeps_padding_positions_in_range() -> None:
     """Found by the fuzzer: after a lookup step, rows catch up on different numbers of tokens; the padding
     before a row's pending tokens must get a valid position, or a draft with learned positions (GPT-2) fails."""
-    from hf_specdec.generation.costs import DraftLengthPolicy
+    from hf_specdec.generation.draft_length import DraftLengthPolicy
     from hf_specdec.generation.sequences import TokenBuffer
 
     draft = tiny_model("gpt2", seed=0, num_layers=1)

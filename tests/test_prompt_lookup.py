@@ -9,7 +9,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 
 import hf_specdec.generation.loop
 from hf_specdec.drafters.lookup import PromptLookupDrafter, lookup_continuation
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.sequences import TokenBuffer
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (

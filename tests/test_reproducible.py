@@ -3,41 +3,64 @@ depend on how long anything took (measured costs make draft lengths and the hybr
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from unittest import mock
 
 import pytest
 import torch
 
 import hf_specdec
-from hf_specdec import DraftLengthPolicy, DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from hf_specdec.generation.cost_model import CostModel, SpeculationGate
 from tests.tiny_models import ragged_batch, tiny_model
 
 COSTS = SpeculativeCosts(draft_forward=0.05, verify_per_token=0.01)
 
 
-def _clock(draft_forward_seconds: float):
-    """Patches the loops' cost measurements with a synthetic machine on which a draft forward takes
+@contextlib.contextmanager
+def _clock(draft_forward_seconds: float) -> Iterator[None]:
+    """Patches the loop's cost measurements with a synthetic machine on which a draft forward takes
     `draft_forward_seconds` and verification 1 s plus 1 ms per verified token (real timings vary)."""
-    original = DraftLengthPolicy.observe_costs
+    observe, gate_observe, gate_plain = CostModel.observe, SpeculationGate.observe, SpeculationGate.observe_plain
 
-    def observe(self, draft_seconds, forwards, verify_seconds, rows=1, verified_per_row=None) -> None:
-        verified = rows * (forwards + 1 if verified_per_row is None else verified_per_row)
-        original(self, forwards * draft_forward_seconds, forwards, 1.0 + 1e-3 * verified, rows, verified_per_row)
+    def verify(rows: int, width: int) -> float:
+        return 1.0 + 1e-3 * rows * width
 
-    return mock.patch.object(DraftLengthPolicy, "observe_costs", observe)
+    def costs(self, draft_seconds, forwards, verify_seconds, rows, verified_per_row) -> None:
+        verified = verify(rows, verified_per_row)
+        observe(self, forwards * draft_forward_seconds, forwards, verified, rows, verified_per_row)
+
+    def gate(self, tokens, seconds, forwards, rows, verified_per_row, verify_seconds) -> None:
+        verified = verify(rows, verified_per_row)
+        gate_observe(
+            self, tokens, forwards * draft_forward_seconds + verified, forwards, rows, verified_per_row, verified
+        )
+
+    def plain(self, seconds, verify_seconds) -> None:
+        gate_plain(self, 1.0, 1.0)
+
+    with (
+        mock.patch.object(CostModel, "observe", costs),
+        mock.patch.object(SpeculationGate, "observe", gate),
+        mock.patch.object(SpeculationGate, "observe_plain", plain),
+    ):
+        yield
 
 
-def _run(path: str, clock: mock._patch, costs: SpeculativeCosts | None) -> hf_specdec.SpeculativeDecoderOnlyOutput:
+def _run(
+    path: str, clock: contextlib.AbstractContextManager, costs: SpeculativeCosts | None
+) -> hf_specdec.SpeculativeDecoderOnlyOutput:
     target = hf_specdec.speculative(tiny_model("llama", seed=0, sharpen=6.0))
     ids, mask = ragged_batch(2, seed=1)
     kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 60, "do_sample": True}
     kwargs |= {"generator": torch.Generator().manual_seed(7), "return_dict_in_generate": True}
     if costs is not None:
         kwargs["speculative_costs"] = costs
-    if path != "assistant":
+    if path in ("lookup", "hybrid", "medusa-lookup"):
         kwargs["prompt_lookup_num_tokens"] = 5
     with clock:
-        if path == "medusa-lookup":
+        if path.startswith("medusa"):
             torch.manual_seed(3)
             model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3))
             return model.generate(medusa=True, tree=DynamicTree(num_nodes=6), **kwargs)
@@ -46,7 +69,7 @@ def _run(path: str, clock: mock._patch, costs: SpeculativeCosts | None) -> hf_sp
         return target.generate(**kwargs)
 
 
-@pytest.mark.parametrize("path", ["assistant", "lookup", "hybrid", "medusa-lookup"])
+@pytest.mark.parametrize("path", ["assistant", "lookup", "hybrid", "medusa", "medusa-lookup"])
 def test_fixed_costs_make_seeded_sampling_independent_of_timings(path: str) -> None:
     first, second = _run(path, _clock(1e-3), COSTS), _run(path, _clock(10.0), COSTS)
     assert torch.equal(first.sequences, second.sequences)
@@ -71,5 +94,5 @@ def test_costs_are_checked() -> None:
     with pytest.raises(TypeError, match="speculative_costs"):
         target.generate(ids, prompt_lookup_num_tokens=3, speculative_costs=0.1)
     model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2))
-    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
-        model.generate(ids, medusa=True, speculative_costs=COSTS)
+    with pytest.raises(TypeError, match="speculative_costs"):
+        model.generate(ids, medusa=True, speculative_costs=(0.1, 0.1))

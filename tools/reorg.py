@@ -54,7 +54,7 @@ MOVES = {
     "outputs": "generation.outputs",
     "kv_cache": "generation.kv_cache",
     "mixin": "generation.mixin",
-    "draft_length": "generation.costs",
+    "draft_length": "generation.draft_length",
     # Everything that proposes tokens.
     "drafting": "drafters.base",
     "drafter": "drafters.draft_model",

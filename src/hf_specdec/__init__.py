@@ -7,7 +7,8 @@ from hf_specdec.generation.acceptance import (
     residual_distribution,
     speculative_sampling,
 )
-from hf_specdec.generation.costs import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.generation.cost_model import SpeculativeCosts
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.loop import speculative_decode
 from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats

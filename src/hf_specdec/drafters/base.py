@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.row_trees import RowTrees
@@ -128,6 +128,11 @@ class Drafter(Protocol):
     def commit(self, accepted: Accepted) -> None:
         """Follow what the loop committed (roll caches back to the accepted path, learn acceptance rates)."""
 
+    def follow(self, accepted: Accepted) -> None:
+        """Follow a plain step, which the loop took without asking for drafts (drafting was not expected to
+        pay): each row's last token was verified alone, and `accepted.tokens[:, 0]` is the target's next token
+        (with its hidden state in `accepted.hidden` when `needs_hidden_states`)."""
+
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
 
@@ -209,3 +214,6 @@ class ChainDrafter:
 
     def commit(self, accepted: Accepted) -> None:
         self.commit_chain(accepted.num_accepted, self._num_drafted, accepted.next_token)
+
+    def follow(self, accepted: Accepted) -> None:
+        """Nothing to do by default: chain drafters read committed tokens from the buffer."""

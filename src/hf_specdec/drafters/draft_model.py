@@ -16,9 +16,9 @@ from torch.nn import functional
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from hf_specdec.drafters.base import Chain, ChainDrafter
+from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
@@ -284,6 +284,10 @@ class DraftModelDrafter(ChainDrafter):
         for b, row in enumerate(rows):
             pending[b, pending.shape[1] - row.numel() :] = row
         self.pending, self.pending_count = pending, lengths
+
+    def follow(self, accepted: Accepted) -> None:
+        """A plain step: queue the target's token, fed with the rest at the next proposal."""
+        self.catch_up(accepted.tokens, accepted.num_accepted + 1)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""

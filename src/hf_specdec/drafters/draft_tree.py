@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.drafters.base import Accepted, Proposal
 from hf_specdec.drafters.draft_model import DraftModelDrafter
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree

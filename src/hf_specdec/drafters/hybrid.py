@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.drafters.base import Chain, ChainDrafter
+from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.sequences import TokenBuffer
 
 # Weight of the newest model step in the running means of its tokens and drafts per step.
@@ -73,9 +73,9 @@ class HybridDrafter(ChainDrafter):
         k = looked_up.tokens.shape[1]
         if k == 0 or self.model_tokens is None or self.model_drafts is None:
             return False
-        v = policy.per_token_cost
+        v = policy.cost_model.verify_per_token
         lookup_rate = self.lookup.expected_tokens() / (1.0 + v * rows * k)
-        model_rate = self.model_tokens / (1.0 + (policy.cost_ratio + v * rows) * self.model_drafts)
+        model_rate = self.model_tokens / (1.0 + (policy.cost_model.draft_forward + v * rows) * self.model_drafts)
         return lookup_rate > model_rate
 
     def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
@@ -95,6 +95,9 @@ class HybridDrafter(ChainDrafter):
             return
         self.lookup.commit_chain(num_accepted, num_drafted, next_token)
         self.model.catch_up(committed, num_accepted + 1)
+
+    def follow(self, accepted: Accepted) -> None:
+        self.model.follow(accepted)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         self.model.select_rows(keep)

@@ -16,9 +16,12 @@ n-gram (recent context predicts the continuation better: on the benchmark's prom
 How far to trust a match depends mostly on its length. Replaying lookup over Qwen2.5-Coder-1.5B's greedy
 replies to the benchmark's prompts, the first looked-up token was right after 23-32% of single-token
 matches and after 82% or more of 3-token matches. So the acceptance rate by draft position is measured
-separately for each matched n-gram size, and with the "adaptive" schedule each row drafts as far as its own
-match is expected to pay for verification (`AcceptanceHistory.planned_length`), starting from a prior per
-size taken from that replay (`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step.
+separately for each matched n-gram size, starting from a prior per size taken from that replay
+(`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step. With the "adaptive" schedule the
+batch drafts as far as its matches are expected to pay for verification: every row is verified to the same
+width (a row that drafts less is padded, at the same cost), so the width grows while one more position is
+expected to bring, averaged over all rows, more than it costs (`draft_length.shared_width`); at batch size 1
+that is the row's own match.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from hf_specdec.drafters.base import Chain, ChainDrafter
-from hf_specdec.generation.costs import AcceptanceHistory, DraftLengthPolicy
+from hf_specdec.generation.draft_length import AcceptanceHistory, DraftLengthPolicy, shared_width
 from hf_specdec.generation.sequences import TokenBuffer
 
 # Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
@@ -107,14 +110,16 @@ class PromptLookupDrafter(ChainDrafter):
         assert self.starts is not None
         ends = buffer.active_lengths.cpu()
         rows = buffer.tokens[buffer.active, : int(ends.max())].cpu()  # (A, longest row)
-        cost = policy.per_token_cost * rows.shape[0]  # c = 0: a lookup costs no draft forward
-        found: list[torch.Tensor] = []
-        self._sizes = []
-        for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True):
-            continuation, n = lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, self.num_tokens)
-            limit = self.history[n].planned_length(self.num_tokens, cost) if n and self.adaptive else self.num_tokens
-            found.append(continuation[: max(min(limit, max_tokens), 0)])
-            self._sizes.append(n)
+        matches = [
+            lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, self.num_tokens)
+            for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True)
+        ]
+        self._sizes = [n for _, n in matches]
+        width = self.num_tokens
+        if self.adaptive:  # c = 0: a lookup costs no draft forward; one more position costs v * rows
+            survivals = [self.history[n].survival(continuation.numel()) if n else [] for continuation, n in matches]
+            width = shared_width(survivals, policy.cost_model.verify_per_token * rows.shape[0])
+        found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]
         lengths = torch.tensor([f.numel() for f in found], dtype=torch.long)
         k = int(lengths.max()) if lengths.numel() else 0
         tokens = torch.zeros(len(found), k, dtype=torch.long)

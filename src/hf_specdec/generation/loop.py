@@ -24,13 +24,14 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.drafters.base import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal
+from hf_specdec.drafters.base import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal, chain_proposal
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.draft_tree import DraftTreeDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.cost_model import SpeculationGate
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.inputs import check_prompts
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
@@ -213,6 +214,8 @@ def decode(
     target = CachedSequence(model, input_ids.shape[0], device)
     context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs)
     drafter = make_drafter(context)
+    cost_model = costs.cost_model
+    gate = SpeculationGate(cost_model)
     hidden_states = drafter.needs_hidden_states
     out = target.forward(
         input_ids,
@@ -243,10 +246,15 @@ def decode(
             drafter.select_rows(keep)
             next_position, last_token = next_position[keep], last_token[keep]
 
-        # Draft: a tree per row; no path longer than the least advanced row can still commit.
+        # Draft: a tree per row; no path longer than the least advanced row can still commit. Where drafting is
+        # not expected to pay, a plain step: each row's last token alone.
         started = time.perf_counter()
         budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
-        proposal = drafter.propose(buffer, last_token, next_position, costs, max_tokens=budget)
+        speculating = gate.speculate()
+        if speculating:
+            proposal = drafter.propose(buffer, last_token, next_position, costs, max_tokens=budget)
+        else:
+            proposal = chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         nodes, trees = proposal.nodes, proposal.trees
         synchronize(device)
         drafted = time.perf_counter()
@@ -277,21 +285,28 @@ def decode(
         if hidden_states:
             states = out.hidden_states[-1]  # (A, N, H)
             hidden = states.gather(1, last_node[:, None, None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
-        drafter.commit(Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden))
+        accepted = Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden)
+        drafter.commit(accepted) if speculating else drafter.follow(accepted)
         next_position = next_position + num_accepted + 1
         last_token = next_token
 
         synchronize(device)
         verified = time.perf_counter()
         rows, width = nodes.shape
-        costs.observe_costs(drafted - started, proposal.forwards, verified - drafted, rows=rows, verified_per_row=width)
+        cost_model.observe(drafted - started, proposal.forwards, verified - drafted, rows, width)
+        if speculating:
+            tokens_per_row = 1.0 + float(num_accepted.float().mean())
+            gate.observe(tokens_per_row, verified - started, proposal.forwards, rows, width, verified - drafted)
+        else:
+            gate.observe_plain(verified - started, verified - drafted)
         drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
         stats.record_step(buffer.active, drafted_per_row, num_accepted, emitted)
         stats.lookup_steps += proposal.looked_up
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted
 
-    stats.costs = costs.estimated_costs
+    stats.costs = cost_model.estimated
+    stats.plain_steps = gate.plain_steps
     return finish(buffer, generation_config, stats, streamer, input_device, recorder)
 
 

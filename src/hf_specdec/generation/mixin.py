@@ -28,7 +28,8 @@ from hf_specdec.generation.arguments import (
     with_stop_strings,
     withhold,
 )
-from hf_specdec.generation.costs import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.generation.cost_model import SpeculativeCosts
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.loop import speculative_decode
 from hf_specdec.generation.validation import check_models, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree

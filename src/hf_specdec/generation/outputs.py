@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hf_specdec.generation.costs import SpeculativeCosts
+from hf_specdec.generation.cost_model import SpeculativeCosts
 
 
 @dataclass
@@ -29,6 +29,8 @@ class SpeculativeStats:
         lookup_steps: steps in which prompt lookup drafted for some row (with both a draft model and prompt
             lookup, the others were drafted by the model; with Medusa heads, steps in which some row's tree had
             a looked-up continuation grafted on).
+        plain_steps: steps taken without drafts because drafting was not expected to pay for itself (the
+            speculation gate, `hf_specdec.generation.cost_model`).
     """
 
     target_forwards: torch.Tensor
@@ -40,6 +42,7 @@ class SpeculativeStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     lookup_steps: int = 0
+    plain_steps: int = 0
     costs: SpeculativeCosts | None = None
 
     @classmethod
@@ -93,6 +96,7 @@ class SpeculativeStats:
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "lookup_steps": self.lookup_steps,
+            "plain_steps": self.plain_steps,
         }
 
 

@@ -16,7 +16,8 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.costs import DraftLengthPolicy, SpeculativeCosts
+from hf_specdec.generation.cost_model import SpeculativeCosts
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.loop import ACCEPTANCE, decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.drafter import MedusaDrafter
@@ -59,8 +60,8 @@ def medusa_decode(
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as long as the measured acceptance of its matches pays for verifying it.
-        costs (`SpeculativeCosts`, *optional*): with `prompt_lookup`, fixed costs instead of measured ones (see
-            `hf_specdec.generation.costs`).
+        costs (`SpeculativeCosts`, *optional*): fixed costs instead of measured ones (see
+            `hf_specdec.generation.cost_model`).
         streamer, generator, model_kwargs: as for [`hf_specdec.generation.loop.decode`].
 
     Returns:
@@ -68,7 +69,8 @@ def medusa_decode(
     """
     if isinstance(tree, DynamicTree) and tree.depth is None:
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
-    # The loop measures what verifying one more token costs, which decides how far a match is worth grafting.
+    # The loop measures what verifying one more token costs: it decides how far a match is worth grafting, and
+    # whether a tree pays for itself at all.
     meter = DraftLengthPolicy.cost_meter(prompt_lookup.num_tokens if prompt_lookup is not None else 1, costs)
     make_drafter = functools.partial(MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
     return decode(

@@ -7,7 +7,7 @@ import torch
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.costs import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.trees.dynamic import DynamicTree
@@ -91,6 +91,10 @@ class MedusaDrafter:
         self.hidden = accepted.hidden
         if self.prompt_lookup is not None:
             self.prompt_lookup.observe(accepted.tokens, accepted.emitted)
+
+    def follow(self, accepted: Accepted) -> None:
+        """A plain step: the heads read the base's state at the target's new token next."""
+        self.hidden = accepted.hidden
 
     def select_rows(self, keep: torch.Tensor) -> None:
         assert self.hidden is not None

@@ -22,7 +22,7 @@ from hf_specdec.generation.arguments import (
     with_stop_strings,
     withhold,
 )
-from hf_specdec.generation.costs import SpeculativeCosts
+from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
@@ -254,8 +254,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 each row grafts as much of its match as the measured acceptance of matches of that size pays
                 for (measured timings decide, so seeded sampling may draw differently from run to run; the
                 distribution stays exact), with `"constant"` the whole match.
-            speculative_costs (`SpeculativeCosts`, with prompt lookup): fixed costs instead of measured ones, for
-                bitwise-reproducible seeded sampling (see `hf_specdec.generation.costs`).
+            speculative_costs (`SpeculativeCosts`): fixed costs instead of measured ones (for prompt lookup in the
+                tree, and for the choice between a tree and a plain step), for bitwise-reproducible seeded
+                sampling (see `hf_specdec.generation.cost_model`).
         """
         if not medusa:
             if tree is not None or medusa_acceptance != "exact":
@@ -271,11 +272,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         generation_config = kwargs.pop("generation_config", None)
         prompt_lookup = _prompt_lookup(self.base, generation_config, kwargs)
         costs = kwargs.pop("speculative_costs", None)
-        if costs is not None and (prompt_lookup is None or not isinstance(costs, SpeculativeCosts)):
-            raise ValueError(
-                "speculative_costs takes a hf_specdec.SpeculativeCosts, and with `medusa=True` it tunes prompt lookup "
-                "in the tree: pass `prompt_lookup_num_tokens` too (without it nothing depends on timings)."
-            )
+        if costs is not None and not isinstance(costs, SpeculativeCosts):
+            raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
         generation_config, kwargs = withhold(self.base, generation_config, kwargs, LOOKUP_SETTINGS)
         generation_config, kwargs = with_stop_strings(self.base, generation_config, kwargs)
         decode = functools.partial(

@@ -12,9 +12,9 @@ Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_sche
   draft forward, `c` target forwards, plus one more token per row to verify, `v` target forwards each
   (a verification forward's time grows with rows x tokens once the hardware is busy). A target forward
   is worth one token per row in plain decoding, so drafting goes on while the expected gain, averaged
-  over the rows, exceeds `c + v * rows`. Both costs are measured while decoding: verification time is
-  fitted as a line in the number of verified tokens, and a draft forward's time is taken relative to the
-  fitted time of a one-token-per-row target forward (the draft's parameter share is the first guess of `c`).
+  over the rows, exceeds `c + v * rows`. Both costs come from the loop's `CostModel`
+  (`hf_specdec.generation.cost_model`: measured while decoding, the draft's parameter share the first guess
+  of `c`, or fixed).
 
 Independently, `assistant_confidence_threshold` stops drafting once the draft's top probability falls
 below the threshold in every row (transformers' rule).
@@ -23,50 +23,24 @@ Drafters with no confidence of their own (prompt lookup) use the same rule with 
 at each draft position in recent steps in place of the draft's confidence (`AcceptanceHistory`), and `c = 0`.
 
 Measured costs make the draft lengths (and, with a draft model and prompt lookup together, the choice of
-drafter) depend on wall-clock timings, so a seeded sampling run may draw differently from run to run (the
-distribution stays exact). Fixed costs (`SpeculativeCosts`, e.g. those an earlier run measured, returned in
-`SpeculativeStats.costs`) make every decision a function of the tokens alone: with a seeded `generator`,
-sampled outputs are then bitwise reproducible on a fixed machine.
+drafter) depend on wall-clock timings; fixed ones (`SpeculativeCosts`) make them a function of the tokens alone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
+from hf_specdec.generation.cost_model import CostModel, SpeculativeCosts
+
 SCHEDULES = ("constant", "heuristic", "adaptive")
 
-# Weight of the newest measurement in the running estimate of the draft/target cost ratio.
-_COST_SMOOTHING = 0.2
 # Acceptance history by draft position: per step older counts keep this weight, and each position remembers
 # at most this many drafts. With no new drafts at a position its rate drifts back to the prior within a few
 # dozen steps, so a drafter that stopped drafting tries again.
 _HISTORY_DECAY = 0.9
 _HISTORY_DRAFTS = 20.0
-
-
-@dataclass(frozen=True)
-class SpeculativeCosts:
-    """The costs the adaptive rules weigh, in one-token target forwards (a plain decoding step).
-
-    Pass them to `generate(..., speculative_costs=...)` to use these instead of measuring them while decoding:
-    decisions then no longer depend on timings, so seeded sampling is reproducible.
-
-    Args:
-        draft_forward (`float`): `c`, one draft-model forward (ignored by prompt lookup, which runs none).
-        verify_per_token (`float`): `v`, verifying one more token per row.
-    """
-
-    draft_forward: float
-    verify_per_token: float
-
-    def __post_init__(self) -> None:
-        for name in ("draft_forward", "verify_per_token"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
-                raise ValueError(f"SpeculativeCosts.{name} is a non-negative number of target forwards, got {value!r}.")
 
 
 @dataclass
@@ -79,10 +53,13 @@ class DraftLengthPolicy:
         schedule (`str`): `"constant"`, `"heuristic"` or `"adaptive"`.
         confidence_threshold (`float`, *optional*): stop drafting when the draft's top probability is below
             this in every row; `None` never stops on it.
-        cost_ratio (`float`): the first estimate of a draft forward's cost in target forwards ("adaptive").
+        cost_ratio (`float`): the first estimate of a draft forward's cost in target forwards (`c`).
         max_tokens (`int`): the most tokens the heuristic schedule may grow to.
         costs (`SpeculativeCosts`, *optional*): fixed costs, used instead of measurements (then `cost_ratio` is
             `costs.draft_forward`).
+
+    Attributes:
+        cost_model (`CostModel`): the costs the adaptive rules weigh, measured or fixed; the loop measures them.
     """
 
     num_tokens: int = 8
@@ -93,8 +70,7 @@ class DraftLengthPolicy:
     costs: SpeculativeCosts | None = None
     _current: int = field(init=False, repr=False)
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
-    _verify: _VerifyCost = field(init=False, repr=False)
-    _per_token_cost: float = field(init=False, repr=False, default=0.0)
+    cost_model: CostModel = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1:
@@ -105,25 +81,16 @@ class DraftLengthPolicy:
             )
         if self.confidence_threshold is not None and not 0.0 <= self.confidence_threshold < 1.0:
             raise ValueError(f"assistant_confidence_threshold must be in [0, 1), got {self.confidence_threshold!r}.")
-        if not self.cost_ratio >= 0.0:
-            raise ValueError(f"The draft's cost ratio must be non-negative, got {self.cost_ratio!r}.")
         self.max_tokens = max(self.max_tokens, self.num_tokens)
         self._current = self.num_tokens
-        self._verify = _VerifyCost()
-        if self.costs is not None:
-            self.cost_ratio, self._per_token_cost = self.costs.draft_forward, self.costs.verify_per_token
+        self.cost_model = CostModel(self.cost_ratio, self.costs)
 
     @classmethod
     def cost_meter(cls, num_tokens: int, costs: SpeculativeCosts | None = None) -> DraftLengthPolicy:
-        """The loop's policy when no draft model drafts (prompt lookup, Medusa heads): it only measures (or
-        holds fixed) what verifying one more token costs; there is no draft forward to pay for (c = 0)."""
-        costs = None if costs is None else dataclasses.replace(costs, draft_forward=0.0)
+        """The loop's policy when no draft model drafts (prompt lookup, Medusa heads): its cost model measures
+        (or holds fixed) what verifying one more token costs; there is no draft forward to pay for (c = 0)."""
+        costs = None if costs is None else SpeculativeCosts(0.0, costs.verify_per_token)
         return cls(num_tokens=num_tokens, schedule="constant", cost_ratio=0.0, costs=costs)
-
-    @property
-    def estimated_costs(self) -> SpeculativeCosts:
-        """The costs in use: the fixed ones, or the current estimates."""
-        return self.costs or SpeculativeCosts(self.cost_ratio, self._per_token_cost)
 
     @property
     def current(self) -> int:
@@ -149,7 +116,8 @@ class DraftLengthPolicy:
         survival = confidence if self._survival is None else self._survival * confidence  # (B,) P(all accepted)
         self._survival = survival
         expected_gain = float((survival * confidence).mean())  # of one more draft, in tokens per row
-        return expected_gain < self.cost_ratio + self._per_token_cost * confidence.numel()
+        costs = self.cost_model
+        return expected_gain < costs.draft_forward + costs.verify_per_token * confidence.numel()
 
     def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
         """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
@@ -158,34 +126,6 @@ class DraftLengthPolicy:
                 self._current = min(self._current + 2, self.max_tokens)
             else:
                 self._current = max(self._current - 1, 1)
-
-    @property
-    def per_token_cost(self) -> float:
-        """`v`: what verifying one more token per row costs, in one-token target forwards (measured)."""
-        return self._per_token_cost
-
-    def observe_costs(
-        self,
-        draft_seconds: float,
-        num_draft_forwards: int,
-        verify_seconds: float,
-        rows: int = 1,
-        verified_per_row: int | None = None,
-    ) -> None:
-        """Refine the cost estimates from one step's timings: `num_draft_forwards` draft forwards took
-        `draft_seconds`, verifying `verified_per_row` tokens (default `num_draft_forwards + 1`) for each of `rows`
-        rows took `verify_seconds`. Nothing changes with fixed `costs`."""
-        if verify_seconds <= 0 or self.costs is not None:
-            return
-        verified = num_draft_forwards + 1 if verified_per_row is None else verified_per_row
-        self._verify.add(rows * verified, verify_seconds)
-        one_token, per_token = self._verify.predict(rows), self._verify.slope
-        if one_token is None:  # too few different verify sizes yet: compare with the whole verification
-            one_token, per_token = verify_seconds, 0.0
-        self._per_token_cost = per_token / one_token
-        if num_draft_forwards > 0:
-            ratio = draft_seconds / num_draft_forwards / one_token
-            self.cost_ratio = (1 - _COST_SMOOTHING) * self.cost_ratio + _COST_SMOOTHING * ratio
 
 
 class AcceptanceHistory:
@@ -230,59 +170,36 @@ class AcceptanceHistory:
             return self.prior
         return (self._accepted[position] + 2.0 * self.prior) / (self._reached[position] + 2.0)
 
+    def survival(self, length: int) -> list[float]:
+        """The chance that drafts 1..j are all accepted, for j = 1..`length`: the products of the rates."""
+        curve, survival = [], 1.0
+        for position in range(length):
+            survival *= self.acceptance_rate(position)
+            curve.append(survival)
+        return curve
+
     def expected_tokens(self, lengths: list[int]) -> float:
         """Expected committed tokens per row of a step in which row b drafts `lengths[b]` tokens: one from the
         target plus, per drafted position, the chance that it and every earlier draft are accepted."""
-        total = 0.0
-        for length in lengths:
-            survival = 1.0
-            total += 1.0
-            for position in range(length):
-                survival *= self.acceptance_rate(position)
-                total += survival
+        total = sum(1.0 + sum(self.survival(length)) for length in lengths)
         return total / max(len(lengths), 1)
 
     def planned_length(self, max_tokens: int, cost: float) -> int:
-        """The adaptive rule on measured rates: draft up to `max_tokens`, while the expected gain of the next
-        draft (the product of the rates up to it) is at least `cost` (`c + v * rows`, in tokens per row)."""
-        survival, length = 1.0, 0
-        for position in range(max_tokens):
-            survival *= self.acceptance_rate(position)
-            if survival < cost:
-                break
-            length = position + 1
-        return length
+        """The adaptive rule on measured rates, for one row: draft up to `max_tokens`, while the expected gain of
+        the next draft (the product of the rates up to it) is at least `cost` (`c + v * rows`, in tokens)."""
+        return shared_width([self.survival(max_tokens)], cost)
 
 
-class _VerifyCost:
-    """Verification time as a line in the number of verified tokens, fitted by exponentially weighted
-    least squares (recent steps count more: the machine's load drifts)."""
-
-    _DECAY = 0.9
-
-    def __init__(self) -> None:
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        d = self._DECAY
-        self._w = d * self._w + 1.0
-        self._x = d * self._x + tokens
-        self._y = d * self._y + seconds
-        self._xx = d * self._xx + tokens * tokens
-        self._xy = d * self._xy + tokens * seconds
-
-    @property
-    def slope(self) -> float:
-        variance = self._xx / self._w - (self._x / self._w) ** 2
-        if variance <= 1e-9:
-            return 0.0
-        covariance = self._xy / self._w - (self._x / self._w) * (self._y / self._w)
-        return max(covariance / variance, 0.0)
-
-    def predict(self, tokens: int) -> float | None:
-        """Fitted seconds for `tokens` verified tokens, or `None` before two different sizes were seen."""
-        if self._w == 0.0 or self._xx / self._w - (self._x / self._w) ** 2 <= 1e-9:
-            return None
-        mean_x, mean_y = self._x / self._w, self._y / self._w
-        fitted = mean_y + self.slope * (tokens - mean_x)
-        return fitted if fitted > 0 else None
+def shared_width(survivals: list[list[float]], cost: float) -> int:
+    """How many tokens per row a batch should verify, when row b's j-th draft would be accepted (with all
+    earlier ones) with chance `survivals[b][j]` and every row is verified to the same width (shorter rows are
+    padded, and padding costs as much as drafts): widen while one more position is expected to bring, averaged
+    over all rows, at least `cost` tokens (`v * rows` plain steps per position, against one token per row per
+    plain step)."""
+    rows, width = max(len(survivals), 1), 0
+    for position in range(max((len(curve) for curve in survivals), default=0)):
+        gain = sum(curve[position] for curve in survivals if len(curve) > position) / rows
+        if gain < cost:
+            break
+        width = position + 1
+    return width

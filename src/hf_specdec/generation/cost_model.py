@@ -1,0 +1,226 @@
+"""What a speculative step costs, in plain decoding steps, and whether it pays for itself.
+
+Two costs decide every adaptive choice, both in units of one plain decoding step (a target forward over one
+token per row):
+
+- `c`, one draft-model forward;
+- `v`, one more verified token (verification time grows with rows x tokens once the hardware is busy: on a
+  GPU it barely grows up to dozens of tokens, on a CPU it grows almost from the first).
+
+`CostModel` measures them while decoding: verification time is fitted as a line in the number of verified
+tokens (exponentially weighted, recent steps count more), a draft forward's time is taken relative to the
+fitted time of a one-token-per-row forward, and the whole step (drafting, verification and the loop's own
+work) is compared with a plain step. Or it holds them fixed (`SpeculativeCosts`, for example the ones an
+earlier run measured, returned in `SpeculativeStats.costs`): every decision is then a function of the tokens
+alone, so seeded sampling is reproducible.
+
+`SpeculationGate` uses the model to decide, step by step, between a speculative step and a plain one-token
+step: a drafter's step commits `g` tokens per row on average and costs `C` plain steps; when `g < C` (at
+batch 4 on a CPU, a draft model's verification can cost more than its drafts bring), the loop takes plain
+steps instead, and tries drafting again after a while (sooner when it last paid), since what drafts bring
+changes with the text (a reply that starts quoting its prompt) and what verification costs changes with the
+rows left in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Weight of the newest measurement in running estimates (the draft/target cost ratio; tokens and costs of
+# speculative steps; the time of plain steps).
+_SMOOTHING = 0.2
+_STEP_SMOOTHING = 0.3
+# After a speculative step that did not pay, the gate takes this many plain steps before trying again, doubling
+# each time a retry does not pay either, up to the most.
+_FIRST_PATIENCE = 2
+_MOST_PATIENCE = 32
+
+
+@dataclass(frozen=True)
+class SpeculativeCosts:
+    """The costs the adaptive rules weigh, in one-token target forwards (a plain decoding step).
+
+    Pass them to `generate(..., speculative_costs=...)` to use these instead of measuring them while decoding:
+    decisions then no longer depend on timings, so seeded sampling is reproducible.
+
+    Args:
+        draft_forward (`float`): `c`, one draft-model forward (ignored by prompt lookup and heads, which run none).
+        verify_per_token (`float`): `v`, verifying one more token (in the whole batch).
+    """
+
+    draft_forward: float
+    verify_per_token: float
+
+    def __post_init__(self) -> None:
+        for name in ("draft_forward", "verify_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
+                raise ValueError(f"SpeculativeCosts.{name} is a non-negative number of target forwards, got {value!r}.")
+
+    def step(self, draft_forwards: int, rows: int, verified_per_row: int) -> float:
+        """A step's predicted cost in plain steps: its draft forwards, then verifying `verified_per_row` tokens
+        for each of `rows` rows (one per row is a plain step)."""
+        return self.draft_forward * draft_forwards + 1.0 + self.verify_per_token * rows * (verified_per_row - 1)
+
+
+class CostModel:
+    """Measures (or holds fixed) `c` and `v`, and the time of a plain step.
+
+    Args:
+        draft_forward (`float`): the first estimate of `c` (for a draft model, its share of the target's
+            parameters; 0 for drafters that run no model).
+        fixed (`SpeculativeCosts`, *optional*): costs to use instead of measurements.
+    """
+
+    def __init__(self, draft_forward: float = 0.0, fixed: SpeculativeCosts | None = None) -> None:
+        if not draft_forward >= 0.0:
+            raise ValueError(f"The draft's cost ratio must be non-negative, got {draft_forward!r}.")
+        self.fixed = fixed
+        self._draft_forward = draft_forward if fixed is None else fixed.draft_forward
+        self._verify_per_token = 0.0 if fixed is None else fixed.verify_per_token
+        self._verify = _VerifyLine()
+        self._plain_overhead: float | None = None  # seconds a plain step takes beyond its target forward
+
+    @property
+    def draft_forward(self) -> float:
+        """`c`: one draft-model forward, in plain steps."""
+        return self._draft_forward
+
+    @property
+    def verify_per_token(self) -> float:
+        """`v`: one more verified token in the batch, in plain steps."""
+        return self._verify_per_token
+
+    @property
+    def estimated(self) -> SpeculativeCosts:
+        """The costs in use: the fixed ones, or the current estimates."""
+        return self.fixed or SpeculativeCosts(self._draft_forward, self._verify_per_token)
+
+    def observe(
+        self, draft_seconds: float, draft_forwards: int, verify_seconds: float, rows: int, verified_per_row: int
+    ) -> None:
+        """Refine `c` and `v` from one step: `draft_forwards` draft forwards took `draft_seconds`, verifying
+        `verified_per_row` tokens for each of `rows` rows took `verify_seconds`. Nothing changes when fixed."""
+        if verify_seconds <= 0 or self.fixed is not None:
+            return
+        self._verify.add(rows * verified_per_row, verify_seconds)
+        one_token, per_token = self._verify.predict(rows), self._verify.slope
+        if one_token is None:  # too few different verify sizes yet: compare with the whole verification
+            one_token, per_token = verify_seconds, 0.0
+        self._verify_per_token = per_token / one_token
+        if draft_forwards > 0:
+            ratio = draft_seconds / draft_forwards / one_token
+            self._draft_forward += _SMOOTHING * (ratio - self._draft_forward)
+
+    def observe_plain(self, seconds: float, verify_seconds: float) -> None:
+        """A plain step (one token per row) took `seconds`, of which `verify_seconds` in the target forward."""
+        if self.fixed is not None:
+            return
+        overhead = max(seconds - verify_seconds, 0.0)
+        if self._plain_overhead is None:
+            self._plain_overhead = overhead
+        else:
+            self._plain_overhead += _STEP_SMOOTHING * (overhead - self._plain_overhead)
+
+    def in_plain_steps(
+        self, seconds: float, draft_forwards: int, rows: int, verified_per_row: int, verify_seconds: float
+    ) -> float:
+        """What a step cost, in plain steps of the same rows: measured (its `seconds` over a plain step's
+        predicted time), or predicted from the fixed costs."""
+        if self.fixed is not None:
+            return self.fixed.step(draft_forwards, rows, verified_per_row)
+        one_token = self._verify.predict(rows)
+        if one_token is None:  # no line yet: this step's verification stands for a plain forward
+            one_token = verify_seconds / (1.0 + self._verify_per_token * rows * (verified_per_row - 1))
+        plain = one_token + (self._plain_overhead or 0.0)
+        return seconds / plain if plain > 0 else 1.0
+
+
+class SpeculationGate:
+    """Decides, step by step, whether to draft or to take a plain one-token step (see the module's docstring).
+
+    Args:
+        costs (`CostModel`): the loop's cost model.
+    """
+
+    def __init__(self, costs: CostModel) -> None:
+        self.costs = costs
+        self._gain: float | None = None  # committed tokens per row of recent speculative steps
+        self._cost: float | None = None  # their cost in plain steps
+        self._patience = _FIRST_PATIENCE
+        self._wait = 0  # plain steps left before drafting again
+        self.plain_steps = 0
+
+    def speculate(self) -> bool:
+        """Whether the next step drafts (else the loop verifies each row's last token alone)."""
+        if self._wait > 0:
+            self._wait -= 1
+            self.plain_steps += 1
+            return False
+        return True
+
+    def observe(
+        self,
+        tokens_per_row: float,
+        seconds: float,
+        draft_forwards: int,
+        rows: int,
+        verified_per_row: int,
+        verify_seconds: float,
+    ) -> None:
+        """Record a step that drafted: rows committed `tokens_per_row` tokens on average; the step (drafting,
+        verification and the loop's work) took `seconds`, with `draft_forwards` draft forwards and
+        `verified_per_row` tokens verified per row, of which `verify_seconds` verifying. A step in which no row
+        drafted is a plain step (it measures what plain steps take)."""
+        if verified_per_row <= 1:
+            self.costs.observe_plain(seconds, verify_seconds)
+            return
+        cost = self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
+        if self._gain is None or self._cost is None:
+            self._gain, self._cost = tokens_per_row, cost
+        else:
+            self._gain += _STEP_SMOOTHING * (tokens_per_row - self._gain)
+            self._cost += _STEP_SMOOTHING * (cost - self._cost)
+        if self._gain >= self._cost:
+            self._patience = _FIRST_PATIENCE
+        else:  # drafting lost: plain steps for a while, and longer each time it loses again
+            self._wait = self._patience
+            self._patience = min(2 * self._patience, _MOST_PATIENCE)
+
+    def observe_plain(self, seconds: float, verify_seconds: float) -> None:
+        """Record a plain step the gate chose: it took `seconds`, `verify_seconds` of them in the target."""
+        self.costs.observe_plain(seconds, verify_seconds)
+
+
+class _VerifyLine:
+    """Verification time as a line in the number of verified tokens, fitted by exponentially weighted
+    least squares (recent steps count more: the machine's load drifts)."""
+
+    _DECAY = 0.9
+
+    def __init__(self) -> None:
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        d = self._DECAY
+        self._w = d * self._w + 1.0
+        self._x = d * self._x + tokens
+        self._y = d * self._y + seconds
+        self._xx = d * self._xx + tokens * tokens
+        self._xy = d * self._xy + tokens * seconds
+
+    @property
+    def slope(self) -> float:
+        variance = self._xx / self._w - (self._x / self._w) ** 2
+        if variance <= 1e-9:
+            return 0.0
+        covariance = self._xy / self._w - (self._x / self._w) * (self._y / self._w)
+        return max(covariance / variance, 0.0)
+
+    def predict(self, tokens: int) -> float | None:
+        """Fitted seconds for `tokens` verified tokens, or `None` before two different sizes were seen."""
+        if self._w == 0.0 or self._xx / self._w - (self._x / self._w) ** 2 <= 1e-9:
+            return None
+        mean_x, mean_y = self._x / self._w, self._y / self._w
+        fitted = mean_y + self.slope * (tokens - mean_x)
+        return fitted if fitted > 0 else None

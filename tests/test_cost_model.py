@@ -1,0 +1,112 @@
+"""The cost model and the speculation gate: costs recovered from timings, plain steps where drafting does not
+pay, and every path still plain greedy's tokens when the gate takes plain steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from hf_specdec.generation.cost_model import CostModel, SpeculationGate
+from tests.tiny_models import ragged_batch, tiny_model
+
+
+def test_costs_are_recovered_from_step_timings() -> None:
+    """Target: 0.2 s for one token per row at batch 4, +0.01 s per extra verified token; draft: 0.08 s."""
+    costs = CostModel(draft_forward=0.3)
+    for k in [2, 5, 8, 3, 6, 4, 7] * 4:
+        costs.observe(0.08 * k, k, 0.2 + 0.01 * (4 * (k + 1) - 4), rows=4, verified_per_row=k + 1)
+    assert costs.draft_forward == pytest.approx(0.4, abs=0.01)
+    assert costs.verify_per_token == pytest.approx(0.05, abs=0.005)
+    assert costs.estimated == SpeculativeCosts(costs.draft_forward, costs.verify_per_token)
+
+
+def test_fixed_costs_predict_a_step_and_never_change() -> None:
+    fixed = SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05)
+    assert fixed.step(draft_forwards=4, rows=4, verified_per_row=5) == pytest.approx(1.2 + 1.0 + 0.8)
+    assert fixed.step(draft_forwards=0, rows=4, verified_per_row=1) == 1.0  # a plain step
+    costs = CostModel(draft_forward=0.9, fixed=fixed)
+    costs.observe(5.0, 2, 1.0, rows=1, verified_per_row=3)
+    assert costs.estimated == fixed
+    assert costs.in_plain_steps(123.0, 4, 4, 5, 9.0) == pytest.approx(3.0)
+
+
+def test_gate_takes_plain_steps_while_drafting_loses_and_retries_ever_later() -> None:
+    gate = SpeculationGate(CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05)))
+    assert gate.speculate()  # nothing measured yet: draft
+    # Four drafts for each of four rows cost 3 plain steps; 1.5 tokens per row do not pay for them.
+    gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
+    assert [gate.speculate() for _ in range(3)] == [False, False, True]
+    gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
+    assert [gate.speculate() for _ in range(5)] == [False] * 4 + [True]  # patience doubled
+    assert gate.plain_steps == 6
+    # The text turns easy: one step committing 10 tokens per row lifts the running gain above the cost.
+    gate.observe(10.0, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
+    assert all(gate.speculate() for _ in range(10))
+
+
+def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
+    """Verification at batch 4: 0.2 s for one token per row, +0.01 s per extra token; a plain step's own work
+    takes 0.02 s more. A step of 0.46 s is 0.46 / 0.22 = 2.1 plain steps: 1.8 tokens per row lose, 2.5 win."""
+    costs = CostModel(draft_forward=0.0)
+    for width in (1, 5, 3):
+        costs.observe(0.0, 0, 0.2 + 0.01 * 4 * (width - 1), rows=4, verified_per_row=width)
+    losing, winning = SpeculationGate(costs), SpeculationGate(costs)
+    losing.observe_plain(0.22, 0.2)
+    assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
+    losing.observe(1.8, 0.46, 0, 4, 5, 0.36)
+    assert not losing.speculate()
+    winning.observe(2.5, 0.46, 0, 4, 5, 0.36)
+    assert winning.speculate()
+
+
+def test_a_step_that_drafted_nothing_measures_a_plain_step() -> None:
+    costs = CostModel()
+    gate = SpeculationGate(costs)
+    gate.observe(1.0, seconds=0.3, draft_forwards=0, rows=2, verified_per_row=1, verify_seconds=0.25)
+    assert gate.speculate()
+    assert costs._plain_overhead == pytest.approx(0.05)
+
+
+# Drafting never pays on this synthetic machine: a draft forward costs a whole target forward, and every
+# verified token half of one.
+EXPENSIVE = SpeculativeCosts(draft_forward=1.0, verify_per_token=0.5)
+FREE = SpeculativeCosts(draft_forward=0.0, verify_per_token=0.0)
+
+
+def _generate(path: str, costs: SpeculativeCosts, twin: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Greedy speculative and plain outputs of one path, and how many plain steps the gate took."""
+    target = hf_specdec.speculative(tiny_model("llama", seed=0, sharpen=4.0))
+    ids, mask = ragged_batch(3, seed=2)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 40, "do_sample": False}
+    plain = target.generate(**kwargs)
+    draft = tiny_model("llama", seed=0 if twin else 5, sharpen=4.0)
+    kwargs |= {"return_dict_in_generate": True, "speculative_costs": costs}
+    if path == "assistant":
+        out = target.generate(assistant=draft, **kwargs)
+    elif path == "assistant-tree":
+        out = target.generate(assistant=draft, tree=DynamicTree(num_nodes=6, depth=3, top_k=2), **kwargs)
+    elif path == "lookup":
+        out = target.generate(prompt_lookup_num_tokens=4, **kwargs)
+    elif path == "hybrid":
+        out = target.generate(assistant=draft, prompt_lookup_num_tokens=4, **kwargs)
+    else:
+        torch.manual_seed(3)
+        model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3))
+        out = model.generate(medusa=True, tree=DynamicTree(num_nodes=6), **kwargs)
+    return out.sequences, plain, out.speculative.plain_steps
+
+
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa"])
+def test_plain_steps_keep_plain_greedy_tokens(path: str) -> None:
+    sequences, plain, plain_steps = _generate(path, EXPENSIVE, twin=False)
+    assert plain_steps > 0
+    assert torch.equal(sequences, plain)
+
+
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree"])
+def test_no_plain_steps_where_drafting_pays(path: str) -> None:
+    sequences, plain, plain_steps = _generate(path, FREE, twin=True)
+    assert plain_steps == 0
+    assert torch.equal(sequences, plain)
