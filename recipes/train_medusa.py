@@ -4,10 +4,15 @@
         --output_dir heads/smollm2 [--self_distill] [--cache_hidden_states] [--lora] [--push_to_hub]
 
 Every `TrainingArguments` option works too (--num_train_epochs, --learning_rate, --per_device_train_batch_size,
---gradient_accumulation_steps, --bf16, --resume_from_checkpoint, --deepspeed, ...). See docs/training.md.
+--gradient_accumulation_steps, --bf16, --save_steps, --resume_from_checkpoint, ...). On several processes:
+`accelerate launch --config_file recipes/accelerate/ddp.yaml recipes/train_medusa.py ...` or `torchrun`. See
+docs/training.md.
 """
 
 from __future__ import annotations
+
+import shlex
+import sys
 
 from transformers import HfArgumentParser, TrainingArguments
 
@@ -17,7 +22,8 @@ from hf_specdec.training import MedusaTrainingConfig, train_medusa
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser((MedusaTrainingConfig, TrainingArguments))
     config, training_args = parser.parse_args_into_dataclasses(args=argv)
-    train_medusa(config, training_args)
+    arguments = sys.argv[1:] if argv is None else argv
+    train_medusa(config, training_args, command=shlex.join(["python", "recipes/train_medusa.py", *arguments]))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ head k's loss is weighted by `decay ** k` (Medusa uses 0.8).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,7 +53,9 @@ def medusa_loss(
     heads: DraftHeads | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted cross-entropy of every head against its shifted labels, at the positions where it trains (see
-    [`following_tokens`]; the same as [`medusa_loss_from_hidden`], from logits at every position).
+    [`following_tokens`]), from logits already computed at every position. Training does not use it: the one
+    training objective is [`medusa_objective`] (what `MedusaForCausalLM.forward` returns as its loss), which
+    projects only the labelled positions; for Medusa heads with hard targets the two agree.
 
     Args:
         head_logits (`torch.Tensor` of shape `(heads, batch, seq, vocab)`).
@@ -115,6 +118,25 @@ def depth_targets(window: torch.Tensor, run: torch.Tensor, depth: int) -> torch.
     return (run >= depth + 1) & (window[..., depth + 1] != IGNORE_INDEX)
 
 
+@dataclass
+class MedusaObjective:
+    """What [`medusa_objective`] computes.
+
+    Attributes:
+        loss (`torch.Tensor`): the weighted sum over depths (a scalar).
+        per_head (`torch.Tensor` of shape `(heads,)`): each depth's mean loss.
+        outputs (`list[tuple[torch.Tensor, torch.Tensor]]`): per depth, `(logits (M, head_vocab), targets (M,))`
+            at the positions where its guess matters at decoding time (on the base's own path); targets are
+            positions in the heads' logits, -1 for labels they cannot propose.
+        rows (`list[torch.Tensor]`): per depth, the batch row `(M,)` of each of those positions.
+    """
+
+    loss: torch.Tensor
+    per_head: torch.Tensor
+    outputs: list[tuple[torch.Tensor, torch.Tensor]]
+    rows: list[torch.Tensor]
+
+
 def medusa_loss_from_hidden(
     heads: DraftHeads,
     lm_head: nn.Module,
@@ -125,7 +147,23 @@ def medusa_loss_from_hidden(
     input_ids: torch.Tensor | None = None,
     soft_targets: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The weighted per-depth loss of any draft heads, computed only where it has a label.
+    """[`medusa_objective`] as a tuple `(loss, per_head, outputs)`."""
+    objective = medusa_objective(heads, lm_head, hidden, labels, weights, embeddings, input_ids, soft_targets)
+    return objective.loss, objective.per_head, objective.outputs
+
+
+def medusa_objective(
+    heads: DraftHeads,
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    embeddings: nn.Module | None = None,
+    input_ids: torch.Tensor | None = None,
+    soft_targets: bool = False,
+) -> MedusaObjective:
+    """The weighted per-depth loss of any draft heads, computed only where it has a label: the one training
+    objective (`MedusaForCausalLM.forward` computes it, and `MedusaTrainer` trains through that forward).
 
     With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
     carry no label, so they are skipped before the projection. Depth i (head i) at position t learns token
@@ -156,12 +194,6 @@ def medusa_loss_from_hidden(
 
     Labels outside the heads' draft vocabulary (if they have one) add no cross-entropy but count as misses in
     metrics.
-
-    Returns:
-        `(loss, per_head, outputs)`: the weighted sum, each head's mean loss `(heads,)`, and each head's
-        `(logits (M, head_vocab), targets (M,))` for metrics, at the positions where its guess matters at
-        decoding time (on the base's own path); targets are positions in the heads' logits, -1 for labels
-        they cannot propose.
     """
     depth = heads.num_heads
     weights = head_weights(depth) if weights is None else weights
@@ -181,13 +213,13 @@ def medusa_loss_from_hidden(
     trains = [depth_targets(window, train_run, k) for k in range(depth)]
     if soft_targets:
         teacher, slot = _teacher_logits(heads, lm_head, hidden, rows, positions, trains)
-    per_head, outputs = [], []
+    per_head, outputs, measured_rows = [], [], []
     for k in range(depth):
         trained = trains[k]
         head_logits = logits[k][trained]
         if soft_targets:
             targets = teacher[slot[rows[trained], positions[trained] + 1 + k]]
-            loss = _kl_from(targets, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
+            loss = kl_divergence(targets, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
         else:
             index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the vocabulary
             learnable = index >= 0
@@ -198,8 +230,26 @@ def medusa_loss_from_hidden(
         per_head.append(loss)
         measured = depth_targets(window, path_run, k)
         outputs.append((logits[k][measured].detach(), heads.to_head_index(window[measured, k + 1])))
+        measured_rows.append(rows[measured])
     per_head_tensor = torch.stack(per_head)
-    return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor, outputs
+    loss = (weights.to(per_head_tensor.device) * per_head_tensor).sum()
+    return MedusaObjective(loss, per_head_tensor, outputs, measured_rows)
+
+
+def label_rank_counts(objective: MedusaObjective, batch_size: int, top_k: int) -> torch.Tensor:
+    """Per example and depth, how often the label was the heads' rank-r candidate, for r < `top_k`, and how often
+    it was not among the first `top_k` (or outside the draft vocabulary): `(batch, heads, top_k + 1)`, summing to
+    the number of positions measured. Per example, so that a distributed evaluation can gather and sum them."""
+    device = objective.per_head.device
+    counts = torch.zeros(batch_size, len(objective.outputs), top_k + 1, dtype=torch.long, device=device)
+    for k, ((logits, targets), rows) in enumerate(zip(objective.outputs, objective.rows, strict=True)):
+        if not targets.numel():
+            continue
+        top = logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices  # (M, <= top_k)
+        hit = top == targets[:, None]
+        rank = torch.where(hit.any(dim=-1), hit.long().argmax(dim=-1), top_k)
+        counts[:, k].index_put_((rows, rank), torch.ones_like(rank), accumulate=True)
+    return counts
 
 
 @torch.no_grad()
@@ -222,8 +272,9 @@ def _teacher_logits(
     return heads.base_logits(hidden[needed], lm_head), slot
 
 
-def _kl_from(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
-    """Mean KL(teacher || student) over rows of logits."""
+def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Mean KL(teacher || student) over rows of logits (in float32): the soft targets' loss, and Medusa-2's
+    term that keeps the base's own distribution where it was."""
     return functional.kl_div(
         functional.log_softmax(student_logits.float(), dim=-1),
         functional.log_softmax(teacher_logits.float(), dim=-1),

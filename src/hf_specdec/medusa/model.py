@@ -24,6 +24,7 @@ from hf_specdec.generation.arguments import (
 )
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.validation import output_vocab_size
+from hf_specdec.medusa.card import model_card
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
@@ -103,16 +104,71 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         vocabulary, e.g. `hf_specdec.drafters.vocab.frequent_tokens` of the training data)."""
         return cls(base, config or MedusaConfig(), token_ids=token_ids)
 
-    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
-        """Write the config (JSON), the heads' weights only (safetensors) and a model card."""
+    def save_pretrained(
+        self, save_directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None, **kwargs: Any
+    ) -> None:
+        """Write the config (JSON), the heads' weights only (safetensors), the base's LoRA adapters if it has
+        any, and the model card (`hf_specdec.medusa.card`).
+
+        Args:
+            state_dict (`dict[str, torch.Tensor]`, *optional*): the whole model's state dict when the module's
+                own parameters are sharded (gathered by FSDP or DeepSpeed); the heads' entries are taken from it.
+        """
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.config.save_pretrained(directory)
         if hasattr(self.base, "peft_config"):  # Medusa-2: the base's LoRA adapters travel with the heads
             self.base.save_pretrained(directory / ADAPTER_FOLDER)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
+        if state_dict is not None and any(k.startswith("heads.") for k in state_dict):
+            heads_state = {k.removeprefix("heads."): v for k, v in state_dict.items() if k.startswith("heads.")}
+        else:
+            heads_state = self.heads.state_dict()
+        state = {k: v.detach().contiguous().cpu() for k, v in heads_state.items()}
         save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
-        (directory / "README.md").write_text(_model_card(self.config))
+        model_card(self.config).save(directory / "README.md")
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        commit_message: str = "Upload Medusa heads",
+        private: bool | None = None,
+        token: str | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        extra_files: dict[str, str | Path] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Upload the heads to the Hub in one commit: what `save_pretrained` writes (the library's own card,
+        config, heads in safetensors, adapters if any) and `extra_files` (name in the repository -> local file,
+        e.g. `{"eval_metrics.json": ...}`). Creates the repository if needed.
+
+        Returns:
+            `huggingface_hub.CommitInfo`.
+        """
+        import tempfile
+
+        from huggingface_hub import CommitOperationAdd, HfApi
+
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+        with tempfile.TemporaryDirectory() as work:
+            folder = Path(work)
+            self.save_pretrained(folder)
+            model_card(self.config, repo_id).save(folder / "README.md")
+            for name, path in (extra_files or {}).items():
+                (folder / name).write_bytes(Path(path).read_bytes())
+            operations = [
+                CommitOperationAdd(path_in_repo=file.relative_to(folder).as_posix(), path_or_fileobj=str(file))
+                for file in sorted(folder.rglob("*"))
+                if file.is_file()
+            ]
+            return api.create_commit(
+                repo_id=repo_id,
+                operations=operations,
+                commit_message=commit_message,
+                revision=revision,
+                create_pr=create_pr,
+            )
 
     @classmethod
     def from_pretrained(
@@ -120,16 +176,28 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         path_or_repo: str | Path,
         base_model: PreTrainedModel | None = None,
         heads_dtype: torch.dtype | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
+        local_files_only: bool = False,
         **base_kwargs: Any,
     ) -> MedusaForCausalLM:
         """Load heads from a folder or a Hub repository, and their base (from `config.base_model_name_or_path`
         unless `base_model` is given; `base_kwargs` go to the base's `from_pretrained`). The heads take the
         base's dtype, or `heads_dtype` (float32 to train them further).
 
+        Args:
+            revision (`str`, *optional*): the heads repository's branch, tag or commit (not the base's: pass
+                `base_kwargs` for that).
+            token, cache_dir, local_files_only: as for `huggingface_hub.snapshot_download`; they also go to the
+                base's `from_pretrained` unless `base_kwargs` set them.
+
         The original Medusa release's format (`medusa_lm_head.pt` with a `config.json` holding
         `medusa_num_heads`) is read too.
         """
-        directory = local_directory(path_or_repo)
+        hub = {"token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
+        directory = local_directory(path_or_repo, revision=revision, **hub)
+        base_kwargs = {**{k: v for k, v in hub.items() if v}, **base_kwargs}
         if (directory / CONFIG_NAME).exists():
             config = MedusaConfig.from_pretrained(directory)
             state = load_file(directory / WEIGHTS_NAME)
@@ -305,37 +373,79 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         hidden_states: torch.Tensor | None = None,
+        head_decay: float = 0.8,
+        soft_targets: bool = False,
+        distill_weight: float = 1.0,
+        rank_top_k: int = 0,
     ) -> dict[str, torch.Tensor]:
-        """The heads' logits `(heads, batch, seq, vocab)` on the base's last hidden states (computed, or
-        `hidden_states` when cached), and with `labels` the Medusa loss.
+        """Without `labels`, the heads' logits `(heads, batch, seq, vocab)` on the base's last hidden states
+        (computed, or `hidden_states` when cached). With `labels`, the training objective instead
+        (`hf_specdec.medusa.loss.medusa_objective`, projected at the labelled positions only): `loss`, and
+        `per_head_loss` `(heads,)`; `MedusaTrainer` trains through this forward, so that a distributed wrapper
+        (DDP, FSDP, DeepSpeed) sees every step.
 
         Its named arguments also tell `Trainer` which data set columns the model reads.
+
+        Args:
+            head_decay (`float`): head k's loss weight is `head_decay ** k`.
+            soft_targets (`bool`): learn the base's distributions instead of its tokens.
+            distill_weight (`float`): when the base trains (Medusa-2, LoRA adapters), the weight of the KL
+                divergence of its next-token distribution from the frozen base's (adapters disabled), added
+                to the loss as `base_loss`.
+            rank_top_k (`int`): also return `label_ranks` `(batch, heads, rank_top_k + 1)`, per example and
+                depth how often the label was the rank-r candidate (see `label_rank_counts`), for evaluation.
         """
-        if hidden_states is None:
+        if labels is None:
+            if hidden_states is None:
+                hidden_states = self._base_hidden_states(input_ids, attention_mask)
+            return {"head_logits": self._head_logits(hidden_states.to(self.heads.dtype), input_ids)}
+        # The training objective, loaded when labels ask for it: model code does not depend on the loss.
+        from hf_specdec.medusa.loss import head_weights, kl_divergence, label_rank_counts, medusa_objective
+
+        base_loss = None
+        if hidden_states is None and self.base_trains:
             if input_ids is None:
-                raise ValueError("Pass `input_ids` (or cached `hidden_states`).")
+                raise ValueError("A base that trains needs `input_ids`.")
             out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
             hidden_states = out.hidden_states[-1]
-        hidden_states = hidden_states.to(self.heads.dtype)
+            with torch.no_grad(), self.base.disable_adapter():
+                reference = self.base(input_ids=input_ids, attention_mask=attention_mask).logits
+            keep = labels != IGNORE_INDEX  # the positions whose predictions matter
+            base_loss = distill_weight * kl_divergence(reference[keep], out.logits[keep])
+        elif hidden_states is None:
+            with torch.no_grad():
+                hidden_states = self._base_hidden_states(input_ids, attention_mask).detach()
+        objective = medusa_objective(
+            self.heads,
+            self.base.get_output_embeddings(),
+            hidden_states.to(self.heads.dtype),  # heads train in their own dtype (float32)
+            labels,
+            head_weights(self.config.num_heads, head_decay),
+            self.base.get_input_embeddings(),
+            input_ids=input_ids,
+            soft_targets=soft_targets,
+        )
+        result = {"loss": objective.loss, "per_head_loss": objective.per_head.detach()}
+        if base_loss is not None:
+            result["loss"] = result["loss"] + base_loss
+            result["base_loss"] = base_loss.detach()
+        if rank_top_k:
+            result["label_ranks"] = label_rank_counts(objective, labels.shape[0], rank_top_k)
+        return result
+
+    def _base_hidden_states(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError("Pass `input_ids` (or cached `hidden_states`).")
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return out.hidden_states[-1]
+
+    def _head_logits(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         lm_head = self.base.get_output_embeddings()
         if isinstance(self.heads, RecurrentHeads):
-            if input_ids is None and labels is None:
-                raise ValueError("Recurrent heads read the following tokens: pass `input_ids` or `labels`.")
-            if labels is None:
-                tokens = input_ids
-            else:
-                tokens = labels if input_ids is None else torch.where(labels == IGNORE_INDEX, input_ids, labels)
-            tokens = tokens.clamp_min(0)
-            head_logits = self.heads(hidden_states, lm_head, tokens, self.base.get_input_embeddings())
-        else:
-            head_logits = self.heads(hidden_states, lm_head)
-        result = {"head_logits": head_logits}
-        if labels is not None:
-            # The training objective, loaded when labels ask for it: model code does not depend on the loss.
-            from hf_specdec.medusa.loss import medusa_loss
-
-            result["loss"] = medusa_loss(head_logits, labels, input_ids=input_ids, heads=self.heads)[0]
-        return result
+            if input_ids is None:
+                raise ValueError("Recurrent heads read the following tokens: pass `input_ids`.")
+            return self.heads(hidden_states, lm_head, input_ids.clamp_min(0), self.base.get_input_embeddings())
+        return self.heads(hidden_states, lm_head)
 
 
 _HEAD_CLASSES: dict[str, type[DraftHeads]] = {"medusa": MedusaHeads, "recurrent": RecurrentHeads}
@@ -359,8 +469,15 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     )
 
 
-def local_directory(path_or_repo: str | Path) -> Path:
-    """A folder of heads, or a Hub repository's files (downloaded once into the Hub cache).
+def local_directory(
+    path_or_repo: str | Path,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+) -> Path:
+    """A folder of heads, or a Hub repository's files at `revision` (downloaded once into the Hub cache, or with
+    `local_files_only` / `HF_HUB_OFFLINE=1` found there).
 
     Raises:
         `ValueError`: when it is neither a folder nor a Hub repository that can be fetched.
@@ -371,42 +488,20 @@ def local_directory(path_or_repo: str | Path) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(str(path_or_repo)))
+        return Path(
+            snapshot_download(
+                str(path_or_repo),
+                revision=revision,
+                token=token,
+                cache_dir=cache_dir,
+                local_files_only=local_files_only,
+            )
+        )
     except Exception as error:  # invalid id, missing repository, no network: one message for all
         raise ValueError(
             f"{path_or_repo} is not a folder, and fetching it as a Hub repository failed ({type(error).__name__}: "
             f"{error}). Check the path, or the repository id and your connection."
         ) from error
-
-
-def _model_card(config: MedusaConfig) -> str:
-    lines = [
-        "---",
-        "library_name: hf_specdec",
-        f"base_model: {config.base_model_name_or_path}" if config.base_model_name_or_path else "",
-        "tags: [medusa, speculative-decoding]",
-        "---",
-        "",
-        f"# Medusa heads for {config.base_model_name_or_path or 'a causal LM'}",
-        "",
-        f"- heads: {config.num_heads} ({config.head_type}), residual blocks per head: {config.num_layers}, "
-        f"shared lm_head: {config.share_lm_head}, draft vocabulary: {config.head_vocab_size or 'every token'}",
-        f"- tree: {config.tree if config.tree is not None else 'preset medium'}",
-    ]
-    if config.measured_top1:
-        lines.append(f"- measured top-1 accuracy per head: {[round(a, 3) for a in config.measured_top1]}")
-    for key, value in config.extra.items():
-        lines.append(f"- {key}: {value}")
-    lines += [
-        "",
-        "```python",
-        "from hf_specdec import MedusaForCausalLM",
-        "model = MedusaForCausalLM.from_pretrained('<this folder or repo>')",
-        "out = model.generate(**inputs, medusa=True, max_new_tokens=256)",
-        "```",
-        "",
-    ]
-    return "\n".join(line for line in lines if line is not None)
 
 
 def _prompt_lookup(

@@ -6,6 +6,8 @@ Accepted records (JSON/JSONL/parquet files or a Hub data set):
 - messages: `{"messages": [{"role": "user" | "assistant" | "system", "content": ...}, ...]}`
 - plain text: `{"text": ...}`
 
+Other column names are set with `messages_column` (turns in either form) and `text_column`.
+
 Conversations are rendered with the tokenizer's chat template and only assistant tokens carry labels (the
 heads learn to predict the model's replies, not the prompts); plain text is labelled throughout.
 """
@@ -25,9 +27,16 @@ _FILE_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv":
 
 
 def load_records(data: str, split: str = "train") -> datasets.Dataset:
-    """Load a data set from local files (a path, a comma-separated list, or a folder) or a Hub name."""
+    """Load a data set: local files (a path, a comma-separated list, or a folder of files of one type), a local
+    data set repository (a folder with a `data/` folder or a `README.md`, laid out as on the Hub), or a Hub
+    name. `split` picks the split of a repository or Hub data set (e.g. `train_sft`); plain files are one
+    split, `train`."""
     paths = [Path(p) for p in data.split(",")]
+    if len(paths) == 1 and paths[0].is_dir() and ((paths[0] / "data").is_dir() or (paths[0] / "README.md").exists()):
+        return datasets.load_dataset(str(paths[0]), split=split)
     if all(p.exists() for p in paths):
+        if split != "train":
+            raise ValueError(f"Data files hold one split, train; --dataset_split {split} needs a data set repository.")
         files = [f for p in paths for f in (sorted(p.iterdir()) if p.is_dir() else [p])]
         kinds = {_FILE_TYPES.get(f.suffix) for f in files}
         if len(kinds) != 1 or None in kinds:
@@ -38,23 +47,34 @@ def load_records(data: str, split: str = "train") -> datasets.Dataset:
     return datasets.load_dataset(data, split=split)
 
 
-def to_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
-    """A record's conversation as chat messages, or `None` for a plain-text record."""
+def to_messages(
+    record: dict[str, Any], messages_column: str | None = None, text_column: str = "text"
+) -> list[dict[str, str]] | None:
+    """A record's conversation as chat messages, or `None` for a plain-text record (its `text_column`).
+
+    The conversation is `messages_column` when given (turns with `role`/`content` or ShareGPT's `from`/`value`),
+    else `messages`, else `conversations`."""
+    if messages_column is not None:
+        if record.get(messages_column) is None:
+            raise ValueError(f"A record has no conversation in {messages_column!r}; its keys are {sorted(record)}.")
+        return [_message(turn) for turn in record[messages_column]]
     if record.get("messages"):
-        return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+        return [_message(m) for m in record["messages"]]
     if record.get("conversations"):
-        messages = []
-        for turn in record["conversations"]:
-            role = _SHAREGPT_ROLES.get(turn.get("from", ""))
-            if role is None:
-                raise ValueError(
-                    f"Unknown ShareGPT speaker {turn.get('from')!r}; expected one of {sorted(_SHAREGPT_ROLES)}."
-                )
-            messages.append({"role": role, "content": turn["value"]})
-        return messages
-    if "text" in record:
+        return [_message(turn) for turn in record["conversations"]]
+    if text_column in record:
         return None
-    raise ValueError(f"A record needs `messages`, `conversations` or `text`; got keys {sorted(record)}.")
+    raise ValueError(f"A record needs `messages`, `conversations` or `{text_column}`; got keys {sorted(record)}.")
+
+
+def _message(turn: dict[str, str]) -> dict[str, str]:
+    """One turn as a chat message: `role`/`content` kept, ShareGPT's `from`/`value` mapped."""
+    if "role" in turn:
+        return {"role": turn["role"], "content": turn["content"]}
+    role = _SHAREGPT_ROLES.get(turn.get("from", ""))
+    if role is None:
+        raise ValueError(f"Unknown ShareGPT speaker {turn.get('from')!r}; expected one of {sorted(_SHAREGPT_ROLES)}.")
+    return {"role": role, "content": turn["value"]}
 
 
 def tokenize_conversation(
@@ -86,14 +106,19 @@ def _render(
 
 
 def tokenize_records(
-    records: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, max_length: int = 1024
+    records: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int = 1024,
+    messages_column: str | None = None,
+    text_column: str = "text",
 ) -> datasets.Dataset:
-    """Tokenise a data set of conversations or texts; examples without any labelled token are dropped."""
+    """Tokenise a data set of conversations or texts (see [`to_messages`] for the columns read); examples
+    without any labelled token are dropped."""
 
     def tokenize(record: dict[str, Any]) -> dict[str, list[int]]:
-        messages = to_messages(record)
+        messages = to_messages(record, messages_column, text_column)
         if messages is None:
-            ids = tokenizer(record["text"], truncation=True, max_length=max_length)["input_ids"]
+            ids = tokenizer(record[text_column], truncation=True, max_length=max_length)["input_ids"]
             return {"input_ids": ids, "labels": list(ids)}
         return tokenize_conversation(tokenizer, messages, max_length)
 

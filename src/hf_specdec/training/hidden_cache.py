@@ -2,16 +2,20 @@
 
 On a CPU the base's forward dominates training time; with a frozen base its hidden states never change,
 so they are computed once per example, stored with `datasets` (float16, on disk) and reused every epoch.
+Under `accelerate launch` / `torchrun` each process computes a contiguous shard of the examples on its own
+device; the main process joins the shards into the one cache every process then loads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import shutil
 from pathlib import Path
 
 import datasets
 import torch
+from accelerate import PartialState
 from transformers import PreTrainedModel
 
 from hf_specdec.medusa.loss import IGNORE_INDEX
@@ -65,18 +69,36 @@ def cache_hidden_states(
 
     features = tokenized.features.copy()
     features["hidden_states"] = datasets.Array2D(shape=(None, hidden_size), dtype="float16")
-    # An explicit fingerprint: by default `datasets` would hash `add_hidden`, pickling the whole base with it
-    # (tens of GB of memory for a 1.5B model).
-    fingerprint = f"{tokenized._fingerprint}-{directory.name}-hidden"
-    with_hidden = tokenized.map(
-        add_hidden,
-        batched=True,
-        batch_size=batch_size,
-        features=features,
-        desc="caching base hidden states",
-        new_fingerprint=hashlib.sha256(fingerprint.encode()).hexdigest()[:16],
-    )
-    with_hidden.save_to_disk(str(directory))
+    state = PartialState()
+
+    def compute(examples: datasets.Dataset, folder: Path) -> None:
+        # An explicit fingerprint: by default `datasets` would hash `add_hidden`, pickling the whole base with it
+        # (tens of GB of memory for a 1.5B model).
+        fingerprint = f"{examples._fingerprint}-{folder.name}-hidden"
+        examples.map(
+            add_hidden,
+            batched=True,
+            batch_size=batch_size,
+            features=features,
+            desc="caching base hidden states",
+            new_fingerprint=hashlib.sha256(fingerprint.encode()).hexdigest()[:16],
+        ).save_to_disk(str(folder))
+
+    if state.num_processes == 1:
+        compute(tokenized, directory)
+        return datasets.load_from_disk(str(directory))
+    count, index = state.num_processes, state.process_index
+    parts = [directory.with_name(f"{directory.name}.part{i}-of-{count}") for i in range(count)]
+    if not (parts[index] / "dataset_info.json").exists():
+        compute(tokenized.shard(num_shards=count, index=index, contiguous=True), parts[index])
+    state.wait_for_everyone()
+    if state.is_main_process:
+        datasets.concatenate_datasets([datasets.load_from_disk(str(part)) for part in parts]).save_to_disk(
+            str(directory)
+        )
+        for part in parts:
+            shutil.rmtree(part)
+    state.wait_for_everyone()
     return datasets.load_from_disk(str(directory))
 
 

@@ -1,8 +1,16 @@
 """Train Medusa heads end to end: data, optional self-distillation, optional hidden-state cache, Trainer,
-metrics, checkpoint and model card. `recipes/train_medusa.py` wires command-line arguments to `train_medusa`."""
+metrics, checkpoint, model card and upload. `recipes/train_medusa.py` wires command-line arguments to
+`train_medusa`.
+
+Launched on several processes (`accelerate launch`, `torchrun`), every process loads the base onto its own
+device; data work that is cheap runs on the main process first and is read from the `datasets` cache by the
+others (`TrainingArguments.main_process_first`), the expensive part (self-distillation, hidden states) is
+split between the processes; Trainer synchronises the heads; the main process alone writes and uploads.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
@@ -10,7 +18,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
@@ -19,12 +27,15 @@ from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
+from hf_specdec.training.metrics import rank_accuracies
 from hf_specdec.training.self_distill import self_distill, self_distill_with_states
 from hf_specdec.training.trainer import MedusaTrainer
+from hf_specdec.trees.static import build_tree
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
 # What a checkpoint fixes about its heads: with --init_heads these come from it.
 _HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size")
+METRICS_NAME = "eval_metrics.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -60,6 +71,21 @@ class MedusaTrainingConfig:
             "ones, e.g. to fit published heads to your own data; their architecture and vocabulary are kept."
         },
     )
+    dataset_split: str = field(
+        default="train",
+        metadata={
+            "help": "Split of a Hub data set (or of a local data set repository folder) to train on, e.g. "
+            "train_sft for HuggingFaceH4/ultrachat_200k."
+        },
+    )
+    messages_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Column holding each conversation (a list of turns with role/content or from/value keys); "
+            "default: messages, else conversations."
+        },
+    )
+    text_column: str = field(default="text", metadata={"help": "Column holding plain text records."})
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
     max_examples: int | None = field(
         default=None,
@@ -112,31 +138,31 @@ class MedusaTrainingConfig:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
 
 
-def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments) -> MedusaForCausalLM:
-    """Train heads as configured, save them to `training_args.output_dir`, and return the model."""
+def train_medusa(
+    config: MedusaTrainingConfig, training_args: TrainingArguments, command: str | None = None
+) -> MedusaForCausalLM:
+    """Train heads as configured, save them to `training_args.output_dir` (and upload them with
+    `--push_to_hub`), and return the model. `command` (the command line that ran this) goes into the model card.
+    """
     base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
     drop_quantization_flags(base)  # GGUF-loaded bases are dense but flagged quantized; Trainer would refuse
+    base.to(training_args.device)  # this process's device (the data work below runs the base)
     # Trained heads are loaded before the data work (which can take hours), so a wrong path fails at once.
     warm = None if config.init_heads is None else _warm_start(config.init_heads, base)
     output_dir = Path(training_args.output_dir)
-    if config.self_distill:
-        # One generation over every source: its replies are one data set.
-        parts = [_tokenize_part(config, base, tokenizer, _records(config, config.data), output_dir)]
-    else:
-        # Each source is tokenised, cached and split on its own: adding a source to --data reuses the hidden
-        # states of the others, and each keeps its evaluation examples.
-        parts = [
-            _tokenize_part(config, base, tokenizer, _records(config, source), output_dir)
-            for source in config.data.split(",")
-            if source
-        ]
+    # With --self_distill, one generation over every source: its replies are one data set. Otherwise each source
+    # is tokenised, cached and split on its own: adding a source to --data reuses the hidden states of the
+    # others, and each keeps its evaluation examples.
+    sources = [config.data] if config.self_distill else [source for source in config.data.split(",") if source]
+    parts = [_tokenize_part(config, training_args, base, tokenizer, source, output_dir) for source in sources]
     if config.eval_fraction:
         if small := [len(part) for part in parts if len(part) < 2]:
             raise ValueError(
                 f"A data source has {small[0]} example(s): each source is split for evaluation on its own, so "
                 "each needs at least 2 (merge small files into one source, or pass --eval_fraction 0)."
             )
-        splits = [part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) for part in parts]
+        with training_args.main_process_first(desc="splitting"):
+            splits = [part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) for part in parts]
         train = datasets.concatenate_datasets([split["train"] for split in splits])
         evaluation = datasets.concatenate_datasets([split["test"] for split in splits])
     else:
@@ -146,6 +172,7 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         if (token_ids := model.heads.token_ids) is not None:
             model.config.extra["head_vocab_coverage"] = round(_coverage(train["labels"], base, token_ids), 4)
     else:
+        set_seed(training_args.seed)  # fresh heads start the same in every run (and every process)
         model = _fresh_model(config, base, train["labels"])
     medusa_config = model.config
     medusa_config.base_model_name_or_path = config.base
@@ -157,9 +184,11 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         model.base = get_peft_model(
             base, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, target_modules="all-linear")
         )
+    # Trainer's own pushes would upload the output folder, data caches included: the heads are uploaded below.
+    trainer_args = dataclasses.replace(training_args, push_to_hub=False) if training_args.push_to_hub else training_args
     trainer = MedusaTrainer(
         model=model,
-        args=training_args,
+        args=trainer_args,
         train_dataset=train,
         eval_dataset=evaluation,
         data_collator=MedusaCollator(tokenizer.pad_token_id),
@@ -168,12 +197,14 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
         tree_nodes=config.tree_nodes,
         soft_targets=config.soft_targets,
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
+    metrics = None
     if evaluation is not None:
-        metrics = trainer.evaluate()
+        metrics = trainer.evaluate()  # every process takes part: the counts are gathered
+        accuracy = rank_accuracies(metrics, medusa_config.num_heads)
         medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(medusa_config.num_heads)]
-        medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in trainer.last_accuracy]
-        medusa_config.tree = [list(path) for path in trainer.last_tree.choices]
+        medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in accuracy]
+        medusa_config.tree = [list(path) for path in build_tree(accuracy, config.tree_nodes).choices]
         medusa_config.extra.update(
             training_data=config.data,
             self_distilled=config.self_distill,
@@ -181,21 +212,42 @@ def train_medusa(config: MedusaTrainingConfig, training_args: TrainingArguments)
             expected_tau=round(metrics["eval_expected_tau"], 3),
             top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(medusa_config.num_heads)],
         )
-        (output_dir / "eval_metrics.json").write_text(json.dumps(metrics, indent=2))
     elif warm is not None:
         medusa_config.extra["measurements_from"] = config.init_heads  # not measured again: no held-out data
+    if command is not None:
+        medusa_config.extra["training_command"] = command
     trained = asdict(config)
     trained.update({name: getattr(medusa_config, name) for name in _HEAD_SHAPE})  # from the checkpoint if warm
     medusa_config.extra["training_config"] = trained
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    if training_args.push_to_hub:
-        model.push_to_hub(training_args.hub_model_id or output_dir.name)
+    trainer.save_model(str(output_dir))  # the process that saves writes (FSDP/DeepSpeed gather first)
+    if trainer.is_world_process_zero():
+        metrics_file = output_dir / METRICS_NAME
+        if metrics is not None:
+            metrics_file.write_text(json.dumps(metrics, indent=2))
+        tokenizer.save_pretrained(output_dir)
+        if training_args.push_to_hub:
+            model.push_to_hub(
+                training_args.hub_model_id or output_dir.name,
+                token=training_args.hub_token,
+                private=training_args.hub_private_repo,
+                revision=training_args.hub_revision,
+                commit_message="Medusa heads trained with hf_specdec",
+                extra_files={METRICS_NAME: metrics_file} if metrics_file.exists() else None,
+            )
+    trainer.accelerator.wait_for_everyone()
     return model
 
 
+def _resume_argument(value: str | bool | None) -> str | bool | None:
+    """`--resume_from_checkpoint true` resumes from the output folder's last checkpoint, as Trainer does for
+    `True`; a path resumes from that checkpoint."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true" or None
+    return value
+
+
 def _records(config: MedusaTrainingConfig, data: str) -> datasets.Dataset:
-    records = load_records(data)
+    records = load_records(data, split=config.dataset_split)
     if config.max_examples is not None:
         records = records.select(range(min(config.max_examples, len(records))))
     return records
@@ -203,12 +255,17 @@ def _records(config: MedusaTrainingConfig, data: str) -> datasets.Dataset:
 
 def _tokenize_part(
     config: MedusaTrainingConfig,
+    training_args: TrainingArguments,
     base: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    records: datasets.Dataset,
+    source: str,
     output_dir: Path,
 ) -> datasets.Dataset:
-    """One data source tokenised, self-distilled and with the base's hidden states, as configured."""
+    """One data source tokenised, self-distilled and with the base's hidden states, as configured. Loading and
+    tokenising run on the main process first (the others then read `datasets`' cache); self-distillation and
+    the hidden states are split between the processes."""
+    with training_args.main_process_first(desc="loading data"):
+        records = _records(config, source)
     if config.self_distill and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.
         return self_distill_with_states(
@@ -219,6 +276,7 @@ def _tokenize_part(
             max_new_tokens=config.distill_max_new_tokens,
             batch_size=config.distill_batch_size,
             max_length=config.max_length,
+            messages_column=config.messages_column,
         ).remove_columns("input_ids")
     if config.self_distill:
         records = self_distill(
@@ -228,8 +286,16 @@ def _tokenize_part(
             output_dir / "self_distill.jsonl",
             max_new_tokens=config.distill_max_new_tokens,
             batch_size=config.distill_batch_size,
+            messages_column=config.messages_column,
         )
-    tokenized = tokenize_records(records, tokenizer, config.max_length)
+    with training_args.main_process_first(desc="tokenizing"):
+        tokenized = tokenize_records(
+            records,
+            tokenizer,
+            config.max_length,
+            messages_column=config.messages_column,
+            text_column=config.text_column,
+        )
     if not config.cache_hidden_states:
         return tokenized
     # The states (and relabelled labels) depend on the base and its dtype as well as on the data.

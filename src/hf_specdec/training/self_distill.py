@@ -4,6 +4,11 @@ Heads trained on the base's own outputs learn the base's distribution, which is 
 decoding time, even when no chat data in the base's style exists. Generation is batched (prompts of similar
 length together, so little of a batch is padding), shows a progress bar, and appends to a JSONL file as it
 goes, so an interrupted run resumes where it stopped.
+
+Under `accelerate launch` / `torchrun`, the batches are split between the processes
+(`PartialState.split_between_processes`), each on its own device: N processes generate N times as fast, the
+batches are the ones a single process makes (so the records are the same), and every process returns the whole
+data set once all have finished.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 import datasets
 import torch
+from accelerate import PartialState
 from tqdm.auto import tqdm
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -23,9 +29,9 @@ from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
 
 
-def prompt_messages(record: dict[str, Any]) -> list[dict[str, str]] | None:
+def prompt_messages(record: dict[str, Any], messages_column: str | None = None) -> list[dict[str, str]] | None:
     """The conversation up to (not including) its first assistant reply; `None` if there is no user turn."""
-    messages = to_messages(record)
+    messages = to_messages(record, messages_column)
     if messages is None:
         return None
     prompt = []
@@ -73,9 +79,13 @@ def self_distill(
     batch_size: int = 8,
     do_sample: bool = False,
     temperature: float = 0.7,
+    messages_column: str | None = None,
 ) -> datasets.Dataset:
     """Replace every conversation's first reply by the base's own, written to `output_file` (JSONL, `messages`
-    format) and returned as a data set. Records already in the file are not generated again.
+    format) and returned as a data set. Records already written are not generated again.
+
+    With several processes, process i appends to `<stem>.rank<i>.jsonl` beside `output_file` (all of them are
+    read back, and read to resume, whatever the number of processes of the run that wrote them).
 
     Args:
         base, tokenizer: the model whose replies the heads will learn (the tokenizer needs a chat template).
@@ -83,21 +93,30 @@ def self_distill(
         output_file: where replies are appended; keep it to resume an interrupted run.
         max_new_tokens, batch_size, do_sample, temperature: generation settings (greedy by default, which is
             what heads serving greedy decoding should learn).
+        messages_column: the column holding the conversations (see `to_messages`).
     """
+    state = PartialState()
     output_file = Path(output_file)
-    done = set()
-    if output_file.exists():
-        done = {json.loads(line)["id"] for line in output_file.read_text().splitlines() if line.strip()}
-    todo = [(i, m) for i, r in enumerate(records) if i not in done and (m := prompt_messages(r)) is not None]
+    lines = [line for part in _jsonl_parts(output_file) for line in part.read_text().splitlines() if line.strip()]
+    done = {json.loads(line)["id"] for line in lines}
+    todo = [
+        (i, m)
+        for i, r in enumerate(records)
+        if i not in done and (m := prompt_messages(r, messages_column)) is not None
+    ]
     todo = by_prompt_length(tokenizer, todo)
+    batches = [todo[start : start + batch_size] for start in range(0, len(todo), batch_size)]
+    sink_file = output_file
+    if state.num_processes > 1:
+        sink_file = output_file.with_name(f"{output_file.stem}.rank{state.process_index}{output_file.suffix}")
+    state.wait_for_everyone()  # every process has read what was done before any writes
     output_file.parent.mkdir(parents=True, exist_ok=True)
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    sampling = {"do_sample": True, "temperature": temperature} if do_sample else {"do_sample": False}
     try:
-        with output_file.open("a") as sink:
-            for start in tqdm(range(0, len(todo), batch_size), desc="self-distillation", unit="batch"):
-                batch = todo[start : start + batch_size]
+        with state.split_between_processes(batches) as mine, sink_file.open("a") as sink:
+            for batch in tqdm(mine, desc="self-distillation", unit="batch", disable=not state.is_local_main_process):
                 inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
-                sampling = {"do_sample": True, "temperature": temperature} if do_sample else {"do_sample": False}
                 out = base.generate(
                     **inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
                 )
@@ -108,8 +127,17 @@ def self_distill(
                 sink.flush()
     finally:
         tokenizer.padding_side = padding_side
+    state.wait_for_everyone()
     # In corpus order whatever order the batches ran in, so a data split by position is the same as ever.
-    return datasets.load_dataset("json", data_files=str(output_file), split="train").sort("id")
+    files = [str(part) for part in _jsonl_parts(output_file)]
+    with state.main_process_first():
+        return datasets.load_dataset("json", data_files=files, split="train").sort("id")
+
+
+def _jsonl_parts(output_file: Path) -> list[Path]:
+    """`output_file` and the files processes of a distributed run wrote beside it, those that exist."""
+    parts = [output_file, *sorted(output_file.parent.glob(f"{output_file.stem}.rank*{output_file.suffix}"))]
+    return [part for part in parts if part.exists() and part.stat().st_size]
 
 
 @torch.no_grad()
@@ -121,6 +149,7 @@ def self_distill_with_states(
     max_new_tokens: int = 256,
     batch_size: int = 8,
     max_length: int | None = None,
+    messages_column: str | None = None,
 ) -> datasets.Dataset:
     """Self-distillation that keeps the base's last hidden states from its own generation, so Medusa-1 heads
     train without a second forward over the replies.
@@ -131,7 +160,7 @@ def self_distill_with_states(
     `(seq, hidden)` float16 (the base's last hidden states, after its final norm; zero at the last token, whose
     state no label needs). Greedy, as heads serving greedy decoding should learn.
     """
-    todo = [(i, m) for i, r in enumerate(records) if (m := prompt_messages(r)) is not None]
+    todo = [(i, m) for i, r in enumerate(records) if (m := prompt_messages(r, messages_column)) is not None]
     if not todo:
         raise ValueError("No record has a user turn to reply to: nothing to self-distill.")
     todo = by_prompt_length(tokenizer, todo)
@@ -149,12 +178,15 @@ def self_distill_with_states(
         }
     )
     eos_ids = torch.tensor(eos_token_ids(base), dtype=torch.long)
+    state = PartialState()
+    starts = list(range(0, len(todo), batch_size))
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    shards = []
     try:
-        for start in tqdm(range(0, len(todo), batch_size), desc="self-distillation", unit="batch"):
-            shard = directory / f"shard-{start:07d}"
-            if not (shard / "dataset_info.json").exists():
+        with state.split_between_processes(starts) as mine:
+            for start in tqdm(mine, desc="self-distillation", unit="batch", disable=not state.is_local_main_process):
+                shard = directory / f"shard-{start:07d}"
+                if (shard / "dataset_info.json").exists():
+                    continue
                 batch = todo[start : start + batch_size]
                 inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
                 out = base.generate(
@@ -170,9 +202,10 @@ def self_distill_with_states(
                 if max_length is not None:
                     rows = [{k: v[:max_length] for k, v in row.items()} for row in rows]
                 datasets.Dataset.from_list(rows, features=features).save_to_disk(str(shard))
-            shards.append(datasets.load_from_disk(str(shard)))
     finally:
         tokenizer.padding_side = padding_side
+    state.wait_for_everyone()  # every shard is written
+    shards = [datasets.load_from_disk(str(directory / f"shard-{start:07d}")) for start in starts]
     # Back in corpus order (the shards follow prompt length), so a data split by position is the same as ever.
     generated = [index for index, _ in todo]
     return datasets.concatenate_datasets(shards).select(sorted(range(len(todo)), key=generated.__getitem__))

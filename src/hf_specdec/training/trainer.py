@@ -1,24 +1,27 @@
-"""`MedusaTrainer`: transformers' `Trainer` with the Medusa loss, so `TrainingArguments`, accelerate
-(multi-GPU, DeepSpeed, FSDP), checkpointing and resuming all work as usual.
+"""`MedusaTrainer`: transformers' `Trainer` with the Medusa objective, so that `TrainingArguments`, accelerate
+(DDP, FSDP, DeepSpeed), checkpointing, resuming and evaluation work as for any model.
 
 - Medusa-1: the base is frozen; only the heads train (from live base forwards, or from cached hidden states).
 - Medusa-2: the base trains too, through PEFT LoRA adapters; to keep the base's own predictions where they
   were, its next-token distribution is distilled from the frozen base (adapters disabled) with a KL term.
+
+Every step goes through the model Trainer wrapped (`MedusaForCausalLM.forward` computes the objective), so a
+distributed wrapper synchronises the gradients. Evaluation is Trainer's own loop: `prediction_step` returns,
+per example, how often each head's label was its rank-r candidate, Trainer gathers those across processes, and
+[`HeadMetrics`] turns them into accuracies and the expected tau.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import functional
+from torch import nn
 from transformers import Trainer
 
-from hf_specdec.medusa.loss import IGNORE_INDEX, head_weights, medusa_loss_from_hidden
-from hf_specdec.medusa.model import MedusaForCausalLM
-from hf_specdec.trees.static import build_tree, expected_accepted_length
-
-TOP_K = 10  # ranks measured per head at evaluation: what trees of up to ~100 nodes are planned from
+from hf_specdec.medusa.model import ADAPTER_FOLDER, WEIGHTS_NAME, MedusaForCausalLM
+from hf_specdec.training.metrics import TOP_K, HeadMetrics
 
 
 class MedusaTrainer(Trainer):
@@ -29,8 +32,8 @@ class MedusaTrainer(Trainer):
         distill_weight (`float`): weight of the KL to the frozen base (Medusa-2 with LoRA only).
         tree_nodes (`int`): node budget of the tree evaluated for the expected tau.
         soft_targets (`bool`): heads learn the base's whole next-token distributions, not its tokens (see
-            `medusa_loss_from_hidden`).
-        All other arguments are `Trainer`'s.
+            `hf_specdec.medusa.loss.medusa_objective`).
+        All other arguments are `Trainer`'s; `compute_metrics` defaults to [`HeadMetrics`].
     """
 
     def __init__(
@@ -42,6 +45,9 @@ class MedusaTrainer(Trainer):
         soft_targets: bool = False,
         **kwargs: Any,
     ) -> None:
+        model = kwargs.get("model", args[0] if args else None)
+        if kwargs.get("compute_metrics") is None and isinstance(model, MedusaForCausalLM):
+            kwargs["compute_metrics"] = HeadMetrics(model.config.num_heads, tree_nodes)
         super().__init__(*args, **kwargs)
         self.soft_targets = soft_targets
         self.head_decay = head_decay
@@ -54,83 +60,76 @@ class MedusaTrainer(Trainer):
         assert isinstance(model, MedusaForCausalLM)
         return model
 
-    def _hidden_states(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The base's last hidden states, and the base's own loss term (0 unless the base trains)."""
-        medusa = self.medusa
-        if "hidden_states" in inputs:
-            dtype = medusa.heads.dtype
-            return inputs["hidden_states"].to(dtype), torch.zeros((), device=inputs["labels"].device)
-        model_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-        if not medusa.base_trains:
-            with torch.no_grad():
-                hidden = medusa.base(**model_inputs, output_hidden_states=True).hidden_states[-1]
-            return hidden.detach(), torch.zeros((), device=hidden.device)
-        out = medusa.base(**model_inputs, output_hidden_states=True)
-        with torch.no_grad(), medusa.base.disable_adapter():
-            reference = medusa.base(**model_inputs).logits
-        keep = inputs["labels"] != IGNORE_INDEX  # the positions whose predictions matter
-        kl = functional.kl_div(
-            functional.log_softmax(out.logits[keep].float(), dim=-1),
-            functional.log_softmax(reference[keep].float(), dim=-1),
-            log_target=True,
-            reduction="batchmean",
-        )
-        return out.hidden_states[-1], self.distill_weight * kl
+    def _objective_settings(self) -> dict[str, Any]:
+        return {"head_decay": self.head_decay, "soft_targets": self.soft_targets, "distill_weight": self.distill_weight}
 
     def compute_loss(
-        self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, **kwargs: Any
-    ) -> None:
-        hidden, base_loss = self._hidden_states(inputs)
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        rank_top_k: int = 0,
+    ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The objective, from the forward of `model` as Trainer passes it (wrapped for distributed training).
+        Its loss is a mean over the batch's positions; Trainer scales it for gradient accumulation."""
+        outputs = model(**inputs, **self._objective_settings(), rank_top_k=rank_top_k)
+        return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """`(loss, label_ranks, measured)`: `label_ranks` `(batch, heads, TOP_K + 1)` counts per example how often
+        each head's label was its rank-r candidate (the last column: further down, or outside its vocabulary),
+        `measured` `(batch, heads)` how many positions were measured. Per example, so Trainer's gathering across
+        processes (which drops the duplicates that pad the last batch) gives the data set's counts."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, outputs = self.compute_loss(model, inputs, return_outputs=True, rank_top_k=TOP_K)
+        loss = loss.detach().mean()
+        if prediction_loss_only:
+            return loss, None, None
+        ranks = outputs["label_ranks"]
+        return loss, ranks, ranks.sum(dim=-1)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Save the heads (and LoRA adapters, if any) as a `MedusaForCausalLM` checkpoint, from the process that
+        saves only; `state_dict` is the whole model's when FSDP or DeepSpeed gathered it."""
+        if not self.args.should_save:
+            return
+        self.medusa.save_pretrained(output_dir or self.args.output_dir, state_dict=state_dict)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """Load the heads (and adapters) of a checkpoint this trainer saved; Trainer then restores the optimizer,
+        scheduler, RNG states and step from the same folder."""
+        folder = Path(resume_from_checkpoint)
+        if not (folder / WEIGHTS_NAME).exists():
+            raise ValueError(
+                f"Can't find a valid checkpoint at {resume_from_checkpoint}: no {WEIGHTS_NAME} (heads saved by "
+                "MedusaTrainer)."
+            )
+        from safetensors.torch import load_file
+
         medusa = self.medusa
-        hidden = hidden.to(medusa.heads.dtype)  # heads train in their own dtype (float32)
-        weights = head_weights(medusa.config.num_heads, self.head_decay)
-        lm_head = medusa.base.get_output_embeddings()
-        embeddings = medusa.base.get_input_embeddings()
-        loss, _, outputs = medusa_loss_from_hidden(
-            medusa.heads,
-            lm_head,
-            hidden,
-            inputs["labels"],
-            weights,
-            embeddings,
-            input_ids=inputs.get("input_ids"),
-            soft_targets=self.soft_targets,
-        )
-        loss = loss + base_loss
-        return (loss, {"heads": outputs}) if return_outputs else loss
+        state = load_file(folder / WEIGHTS_NAME, device=str(next(medusa.heads.parameters()).device))
+        medusa.heads.load_state_dict(state)
+        if (folder / ADAPTER_FOLDER).exists():
+            from peft import set_peft_model_state_dict
+            from peft.utils import load_peft_weights
 
-    @torch.no_grad()
-    def evaluate(
-        self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
-    ) -> dict[str, float]:
-        """Loss, each head's top-1 and top-5 accuracy, and the expected tau of the best tree for them."""
-        dataloader = self.get_eval_dataloader(eval_dataset)
-        num_heads = self.medusa.config.num_heads
-        hits = torch.zeros(num_heads, TOP_K)  # hits[k, r]: head k's label within its top r+1
-        counts = torch.zeros(num_heads)
-        losses = []
-        self.model.eval()
-        for inputs in dataloader:
-            loss, outputs = self.compute_loss(self.model, self._prepare_inputs(inputs), return_outputs=True)
-            losses.append(float(loss))
-            for k, (logits, targets) in enumerate(outputs["heads"]):
-                top = logits.topk(min(TOP_K, logits.shape[-1]), dim=-1).indices  # (M, <= TOP_K)
-                found = (top == targets[:, None]).long().cumsum(dim=1).clamp_max(1).sum(dim=0).cpu().float()
-                hits[k, : found.numel()] += found
-                hits[k, found.numel() :] += found[-1] if found.numel() else 0.0
-                counts[k] += targets.numel()
-        top = hits / counts.clamp_min(1)[:, None]  # (K, TOP_K) top-r accuracy
-        metrics = {f"{metric_key_prefix}_loss": sum(losses) / max(len(losses), 1)}
-        for k in range(num_heads):
-            metrics[f"{metric_key_prefix}_head{k}_top1"] = float(top[k, 0])
-            metrics[f"{metric_key_prefix}_head{k}_top5"] = float(top[k, min(4, TOP_K - 1)])
-        per_rank = torch.cat([top[:, :1], top[:, 1:] - top[:, :-1]], dim=1).clamp_min(0).tolist()
-        self.last_accuracy = per_rank
-        self.last_tree = build_tree(per_rank, self.tree_nodes)
-        metrics[f"{metric_key_prefix}_expected_tau"] = 1.0 + expected_accepted_length(self.last_tree, per_rank)
-        self.log(metrics)
-        return metrics
+            set_peft_model_state_dict(medusa.base, load_peft_weights(str(folder / ADAPTER_FOLDER)))
 
-    def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
-        """Save the heads (and LoRA adapters, if any) only, as a `MedusaForCausalLM` checkpoint."""
-        self.medusa.save_pretrained(output_dir or self.args.output_dir)
+    def _load_best_model(self) -> None:
+        self._load_from_checkpoint(self.state.best_model_checkpoint)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """The library's card (`hf_specdec.medusa.card`) instead of Trainer's generic one, so that a push by
+        Trainer keeps it."""
+        if self.is_world_process_zero():
+            from hf_specdec.medusa.card import model_card
+
+            model_card(self.medusa.config, self.hub_model_id).save(Path(self.args.output_dir) / "README.md")

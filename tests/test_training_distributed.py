@@ -1,0 +1,190 @@
+"""Training on two processes (torchrun, gloo, CPU): the heads are synchronised and equal to one process's with the
+same global batch, evaluation is gathered, one process writes, and the data work is split between processes and
+gives what one process gives.
+
+The test launches this file as a script on two processes (`_worker`), then repeats the work on one process here
+and compares. Tiny models, a few steps: about half a minute on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import safetensors.torch
+import torch
+from transformers import TrainingArguments
+
+from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.training import (
+    MedusaCollator,
+    MedusaTrainer,
+    cache_hidden_states,
+    self_distill,
+    self_distill_with_states,
+    tokenize_records,
+)
+from tests.test_training import _conversations, tiny_tokenizer
+from tests.tiny_models import tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 4
+GLOBAL_BATCH = 8
+
+
+def _train_data() -> datasets.Dataset:
+    # Every example has as many labelled tokens, so the mean of the processes' mean losses is the global mean.
+    return tokenize_records(datasets.Dataset.from_list(_conversations(16)), tiny_tokenizer(), max_length=64)
+
+
+def _eval_data() -> datasets.Dataset:
+    # An odd count: the last batch of one process is padded with repeats, which the gathering must drop.
+    return tokenize_records(datasets.Dataset.from_list(_conversations(7, seed=5)), tiny_tokenizer(), max_length=64)
+
+
+def _trainer(output_dir: Path, batch_size: int, **overrides) -> MedusaTrainer:
+    torch.manual_seed(1)
+    config = MedusaConfig(num_heads=2, share_lm_head=False)
+    model = MedusaForCausalLM.from_base(tiny_model("llama", seed=0), config).freeze_base()
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=2,
+        learning_rate=1e-2,
+        max_steps=STEPS,
+        train_sampling_strategy="sequential",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=100,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        use_cpu=True,
+        **overrides,
+    )
+    return MedusaTrainer(
+        model=model,
+        args=args,
+        train_dataset=_train_data(),
+        eval_dataset=_eval_data(),
+        data_collator=MedusaCollator(0),
+    )
+
+
+def _heads(trainer: MedusaTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.medusa.heads.state_dict().items()}
+
+
+def _records() -> datasets.Dataset:
+    return datasets.Dataset.from_list(_conversations(5, seed=3))
+
+
+def _worker(workdir: Path) -> None:
+    """One of the two processes."""
+    torch.set_num_threads(1)
+    trainer = _trainer(workdir / "ddp", GLOBAL_BATCH // 2, ddp_backend="gloo")
+    rank = trainer.args.process_index
+    assert trainer.args.world_size == 2
+    trainer.train()
+    safetensors.torch.save_file(_heads(trainer), workdir / f"heads-rank{rank}.safetensors")
+    metrics = trainer.evaluate()
+    (workdir / f"metrics-rank{rank}.json").write_text(json.dumps(metrics))
+    writes = []
+    save = MedusaForCausalLM.save_pretrained
+
+    def recording(self, directory, *args, **kwargs):
+        writes.append(str(directory))
+        return save(self, directory, *args, **kwargs)
+
+    MedusaForCausalLM.save_pretrained = recording
+    trainer.save_model(str(workdir / "saved"))
+    (workdir / f"writes-rank{rank}.json").write_text(json.dumps(writes))
+
+    base, tokenizer = tiny_model("llama", seed=0, sharpen=4.0), tiny_tokenizer()
+    calls = []
+    generate = base.generate
+
+    def counting(**kwargs):
+        calls.append(int(kwargs["input_ids"].shape[0]))
+        return generate(**kwargs)
+
+    base.generate = counting
+    states = self_distill_with_states(base, tokenizer, _records(), workdir / "states", max_new_tokens=6, batch_size=2)
+    jsonl = self_distill(base, tokenizer, _records(), workdir / "sd.jsonl", max_new_tokens=6, batch_size=2)
+    cached = cache_hidden_states(base, _train_data(), workdir / "cache" / "tiny", pad_token_id=0, batch_size=3)
+    summary = {
+        "generated_rows": calls,
+        "states": {"input_ids": states["input_ids"], "labels": states["labels"]},
+        "jsonl": jsonl.to_list(),
+        "cached": len(cached),
+    }
+    (workdir / f"data-rank{rank}.json").write_text(json.dumps(summary))
+
+
+def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*launch, str(Path(__file__).resolve()), str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+    # The heads: identical on both processes, and what one process makes of the same global batches.
+    ranks = [safetensors.torch.load_file(tmp_path / f"heads-rank{r}.safetensors") for r in range(2)]
+    single = _trainer(tmp_path / "single", GLOBAL_BATCH)
+    start = _heads(single)
+    single.train()
+    alone = _heads(single)
+    for name, tensor in alone.items():
+        assert torch.equal(ranks[0][name], ranks[1][name]), name
+        torch.testing.assert_close(ranks[0][name], tensor, rtol=1e-4, atol=1e-5)
+    assert any(not torch.equal(alone[name], start[name]) for name in alone)  # the heads did move
+
+    # Evaluation: Trainer's loop gathered both processes' counts, without the repeats that padded the last batch.
+    metrics = [json.loads((tmp_path / f"metrics-rank{r}.json").read_text()) for r in range(2)]
+    reference = single.evaluate()
+    accuracies = [k for k in reference if "_head" in k or k.endswith("expected_tau")]
+    assert len(accuracies) == 2 * 10 + 1
+    for key in accuracies:
+        assert metrics[0][key] == metrics[1][key], key
+        assert abs(metrics[0][key] - reference[key]) < 1e-6, key
+
+    # One process wrote the checkpoint.
+    writes = [json.loads((tmp_path / f"writes-rank{r}.json").read_text()) for r in range(2)]
+    assert len(writes[0]) == 1 and writes[1] == []
+    assert (tmp_path / "saved" / "medusa_heads.safetensors").exists()
+
+    # Self-distillation: the batches were split (3 batches of 2, 2, 1 rows), and the records are one process's.
+    data = [json.loads((tmp_path / f"data-rank{r}.json").read_text()) for r in range(2)]
+    rows = [sum(r["generated_rows"]) for r in data]
+    assert sum(rows) == 2 * 5 and min(rows) > 0  # two self-distillations of 5 records, each split
+    assert data[0]["states"] == data[1]["states"] and data[0]["jsonl"] == data[1]["jsonl"]
+    base, tokenizer = tiny_model("llama", seed=0, sharpen=4.0), tiny_tokenizer()
+    states = self_distill_with_states(base, tokenizer, _records(), tmp_path / "one", max_new_tokens=6, batch_size=2)
+    assert data[0]["states"] == {"input_ids": states["input_ids"], "labels": states["labels"]}
+    jsonl = self_distill(base, tokenizer, _records(), tmp_path / "one.jsonl", max_new_tokens=6, batch_size=2)
+    assert data[0]["jsonl"] == jsonl.to_list()
+    assert sorted(p.name for p in tmp_path.glob("sd.rank*.jsonl")) == ["sd.rank0.jsonl", "sd.rank1.jsonl"]
+
+    # The hidden-state cache: computed in two shards, joined into one folder, equal to one process's.
+    joined = datasets.load_from_disk(str(tmp_path / "cache" / "tiny"))
+    assert data[0]["cached"] == data[1]["cached"] == len(joined) == 16
+    assert not list((tmp_path / "cache").glob("tiny.part*"))
+    one = cache_hidden_states(base, _train_data(), tmp_path / "cache-one", pad_token_id=0, batch_size=3)
+    assert joined["input_ids"] == one["input_ids"]
+    for a, b in zip(joined["hidden_states"], one["hidden_states"], strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-3, rtol=2e-3)
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
