@@ -87,7 +87,7 @@ def test_a_run_stopped_and_resumed_ends_as_the_run_never_stopped(tmp_path: Path)
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6, msg=name)
 
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="no medusa_heads.safetensors"):
+    with pytest.raises(ValueError, match=r"no medusa_heads\.safetensors"):
         _trainer(tmp_path / "other").train(resume_from_checkpoint=str(tmp_path / "empty"))
 
 
