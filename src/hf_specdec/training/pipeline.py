@@ -232,7 +232,7 @@ def train_medusa(
                 private=training_args.hub_private_repo,
                 revision=training_args.hub_revision,
                 commit_message="Medusa heads trained with hf_specdec",
-                extra_files={METRICS_NAME: metrics_file} if metrics_file.exists() else None,
+                extra_files=None if metrics is None else {METRICS_NAME: metrics_file},
             )
     trainer.accelerator.wait_for_everyone()
     return model
