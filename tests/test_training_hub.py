@@ -180,3 +180,51 @@ def test_model_card_metadata_and_push_keep_the_librarys_card(tmp_path: Path, hub
     assert commit["commit_message"] == "heads" and commit["revision"] == "dev"
     pushed = ModelCard(commit["files"]["README.md"].decode())
     assert pushed.data.library_name == "hf_specdec" and pushed.data.base_model == config.base_model_name_or_path
+
+
+def test_push_down_to_the_http_layer(tmp_path: Path) -> None:
+    """`push_to_hub` through the whole of `huggingface_hub` (repository creation, the pre-upload query, the commit's
+    NDJSON payload), answered by an in-process transport standing in for the Hub."""
+    import base64
+
+    import httpx2
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils._http import default_client_factory
+
+    sent: list[tuple[str, str]] = []
+    commits: list[list[dict]] = []
+
+    def hub(request: httpx2.Request) -> httpx2.Response:
+        sent.append((request.method, request.url.path))
+        if request.url.path == "/api/repos/create":
+            return httpx2.Response(200, json={"url": f"https://huggingface.co/{REPO}"})
+        if f"/api/models/{REPO}/preupload/" in request.url.path:
+            files = json.loads(request.content)["files"]
+            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files]
+            return httpx2.Response(200, json={"files": modes})
+        if f"/api/models/{REPO}/commit/" in request.url.path:
+            commits.append([json.loads(line) for line in request.content.splitlines()])
+            url = f"https://huggingface.co/{REPO}/commit/{'2' * 40}"
+            return httpx2.Response(200, json={"commitUrl": url, "commitOid": "2" * 40, "pullRequestUrl": None})
+        return httpx2.Response(404, json={"error": f"unexpected {request.method} {request.url.path}"})
+
+    config = MedusaConfig(num_heads=2, share_lm_head=False, measured_top1=[0.4, 0.2], extra={"top5": [0.6, 0.3]})
+    model = MedusaForCausalLM.from_base(tiny_model("llama", seed=0), config)
+    metrics = tmp_path / "eval_metrics.json"
+    metrics.write_text(json.dumps({"eval_head0_top1": 0.4}))
+    set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(hub)))
+    try:
+        info = model.push_to_hub(REPO, token="hf_test", extra_files={"eval_metrics.json": metrics})
+    finally:
+        set_client_factory(default_client_factory)
+    assert info.oid == "2" * 40
+    assert [method for method, _ in sent] == ["POST", "POST", "POST"]  # create, pre-upload, commit
+    (header, *files) = commits[0]
+    assert header["key"] == "header" and header["value"]["summary"] == "Upload Medusa heads"
+    uploaded = {f["value"]["path"]: base64.b64decode(f["value"]["content"]) for f in files}
+    assert sorted(uploaded) == ["README.md", "eval_metrics.json", "medusa_config.json", "medusa_heads.safetensors"]
+    assert ModelCard(uploaded["README.md"].decode()).data.library_name == "hf_specdec"
+    assert json.loads(uploaded["medusa_config.json"])["measured_top1"] == [0.4, 0.2]
+    heads = safetensors.torch.load(uploaded["medusa_heads.safetensors"])
+    for name, tensor in model.heads.state_dict().items():
+        assert torch.equal(heads[name], tensor), name
