@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.collator import MedusaCollator
+from hf_specdec.training.processes import main_process_value
 
 
 @torch.no_grad()
@@ -40,7 +41,7 @@ def cache_hidden_states(
     The folder name should identify the base, the data and `relabel` (the recipe uses the data set's
     fingerprint).
     """
-    directory = Path(directory)
+    directory = Path(main_process_value(str(directory)))
     if (directory / "dataset_info.json").exists():
         return datasets.load_from_disk(str(directory))
     collate = MedusaCollator(pad_token_id)

@@ -27,6 +27,7 @@ from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
+from hf_specdec.training.processes import main_process_value
 
 
 def prompt_messages(record: dict[str, Any], messages_column: str | None = None) -> list[dict[str, str]] | None:
@@ -168,7 +169,8 @@ def self_distill_with_states(
     settings = [base.name_or_path, str(base.dtype), records._fingerprint, max_new_tokens, batch_size, max_length]
     settings.append("longest-first")
     settings.append(getattr(tokenizer, "chat_template", None))
-    directory = Path(directory) / hashlib.sha256(json.dumps(settings, default=str).encode()).hexdigest()[:16]
+    name = main_process_value(hashlib.sha256(json.dumps(settings, default=str).encode()).hexdigest()[:16])
+    directory = Path(directory) / name
     hidden_size = base.config.get_text_config(decoder=True).hidden_size
     features = datasets.Features(
         {
