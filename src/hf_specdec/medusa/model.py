@@ -443,7 +443,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         lm_head = self.base.get_output_embeddings()
         if isinstance(self.heads, RecurrentHeads):
             if input_ids is None:
-                raise ValueError("Recurrent heads read the following tokens: pass `input_ids`.")
+                raise ValueError("Recurrent heads read the following tokens: pass `input_ids` or `labels`.")
             return self.heads(hidden_states, lm_head, input_ids.clamp_min(0), self.base.get_input_embeddings())
         return self.heads(hidden_states, lm_head)
 
