@@ -20,13 +20,13 @@ import torch
 from transformers import TrainingArguments
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.training import (
     MedusaCollator,
     MedusaTrainer,
     cache_hidden_states,
     self_distill,
     self_distill_with_states,
-    tokenize_records,
 )
 from tests.test_training import _conversations, tiny_tokenizer
 from tests.tiny_models import tiny_model
@@ -36,14 +36,25 @@ STEPS = 4
 GLOBAL_BATCH = 8
 
 
+def _counting(n: int, seed: int) -> datasets.Dataset:
+    """Tokenised examples of one length, each a prompt and a reply counting up from it: every example has as
+    many labelled positions, so the mean of the processes' mean losses is the mean over the global batch."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        start = int(torch.randint(4, 70, (1,), generator=generator))
+        ids = [90, start, 91, *range(start + 1, start + 13)]
+        rows.append({"input_ids": ids, "labels": [IGNORE_INDEX] * 3 + ids[3:]})
+    return datasets.Dataset.from_list(rows)
+
+
 def _train_data() -> datasets.Dataset:
-    # Every example has as many labelled tokens, so the mean of the processes' mean losses is the global mean.
-    return tokenize_records(datasets.Dataset.from_list(_conversations(16)), tiny_tokenizer(), max_length=64)
+    return _counting(16, seed=0)
 
 
 def _eval_data() -> datasets.Dataset:
     # An odd count: the last batch of one process is padded with repeats, which the gathering must drop.
-    return tokenize_records(datasets.Dataset.from_list(_conversations(7, seed=5)), tiny_tokenizer(), max_length=64)
+    return _counting(7, seed=5)
 
 
 def _trainer(output_dir: Path, batch_size: int, **overrides) -> MedusaTrainer:
@@ -117,7 +128,7 @@ def _worker(workdir: Path) -> None:
     cached = cache_hidden_states(base, _train_data(), workdir / "cache" / "tiny", pad_token_id=0, batch_size=3)
     summary = {
         "generated_rows": calls,
-        "states": {"input_ids": states["input_ids"], "labels": states["labels"]},
+        "states": states.select_columns(["input_ids", "labels"]).to_dict(),
         "jsonl": jsonl.to_list(),
         "cached": len(cached),
     }
@@ -171,7 +182,7 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
     assert data[0]["states"] == data[1]["states"] and data[0]["jsonl"] == data[1]["jsonl"]
     base, tokenizer = tiny_model("llama", seed=0, sharpen=4.0), tiny_tokenizer()
     states = self_distill_with_states(base, tokenizer, _records(), tmp_path / "one", max_new_tokens=6, batch_size=2)
-    assert data[0]["states"] == {"input_ids": states["input_ids"], "labels": states["labels"]}
+    assert data[0]["states"] == states.select_columns(["input_ids", "labels"]).to_dict()
     jsonl = self_distill(base, tokenizer, _records(), tmp_path / "one.jsonl", max_new_tokens=6, batch_size=2)
     assert data[0]["jsonl"] == jsonl.to_list()
     assert sorted(p.name for p in tmp_path.glob("sd.rank*.jsonl")) == ["sd.rank0.jsonl", "sd.rank1.jsonl"]
@@ -181,8 +192,8 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
     assert data[0]["cached"] == data[1]["cached"] == len(joined) == 16
     assert not list((tmp_path / "cache").glob("tiny.part*"))
     one = cache_hidden_states(base, _train_data(), tmp_path / "cache-one", pad_token_id=0, batch_size=3)
-    assert joined["input_ids"] == one["input_ids"]
-    for a, b in zip(joined["hidden_states"], one["hidden_states"], strict=True):
+    assert joined.select_columns("input_ids").to_dict() == one.select_columns("input_ids").to_dict()
+    for a, b in zip(joined.to_dict()["hidden_states"], one.to_dict()["hidden_states"], strict=True):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-3, rtol=2e-3)
 
 
