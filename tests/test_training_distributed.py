@@ -133,9 +133,45 @@ def _worker(workdir: Path) -> None:
         "cached": len(cached),
     }
     (workdir / f"data-rank{rank}.json").write_text(json.dumps(summary))
+    _recipe_worker(workdir, rank)
+
+
+def _recipe_worker(workdir: Path, rank: int) -> None:
+    """The recipe end to end with self-distillation, hidden states and an upload (recorded, not sent)."""
+    from huggingface_hub import CommitInfo, HfApi, RepoUrl
+
+    sys.path.insert(0, str(ROOT / "recipes"))
+    from train_medusa import main
+
+    pushes = []
+
+    def create_repo(api, repo_id, **kwargs):
+        pushes.append(["repo", repo_id])
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(api, repo_id, operations, **kwargs):
+        pushes.append(["commit", sorted(operation.path_in_repo for operation in operations)])
+        return CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/0", commit_message="", commit_description="", oid="0"
+        )
+
+    HfApi.create_repo, HfApi.create_commit = create_repo, create_commit
+    main(
+        [
+            "--base", str(workdir / "base"), "--data", str(workdir / "conversations.jsonl"), "--num_heads", "2",
+            "--self_distill", "--distill_max_new_tokens", "6", "--distill_batch_size", "2", "--cache_hidden_states",
+            "--eval_fraction", "0.25", "--output_dir", str(workdir / "recipe"), "--max_steps", "2",
+            "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
+            "--use_cpu", "--ddp_backend", "gloo", "--push_to_hub", "--hub_model_id", "org/heads",
+        ]
+    )  # fmt: skip
+    (workdir / f"pushes-rank{rank}.json").write_text(json.dumps(pushes))
 
 
 def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_path: Path) -> None:
+    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    (tmp_path / "conversations.jsonl").write_text("\n".join(json.dumps(r) for r in _conversations(9, seed=4)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
@@ -195,6 +231,14 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
     assert joined.select_columns("input_ids").to_dict() == one.select_columns("input_ids").to_dict()
     for a, b in zip(joined.to_dict()["hidden_states"], one.to_dict()["hidden_states"], strict=True):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-3, rtol=2e-3)
+
+    # The recipe: one upload, from the main process; self-distillation in 5 batches of 2 prompts, split.
+    pushes = [json.loads((tmp_path / f"pushes-rank{r}.json").read_text()) for r in range(2)]
+    files = ["README.md", "eval_metrics.json", "medusa_config.json", "medusa_heads.safetensors"]
+    assert pushes == [[["repo", "org/heads"], ["commit", files]], []]
+    shards = list((tmp_path / "recipe" / "self_distill_states").glob("*/shard-*"))
+    assert len(shards) == 5
+    assert json.loads((tmp_path / "recipe" / "medusa_config.json").read_text())["measured_top1"]
 
 
 if __name__ == "__main__":
