@@ -98,10 +98,26 @@ def _generate(path: str, costs: SpeculativeCosts, twin: bool) -> tuple[torch.Ten
     return out.sequences, plain, out.speculative.plain_steps
 
 
-@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa"])
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "hybrid", "medusa"])
 def test_plain_steps_keep_plain_greedy_tokens(path: str) -> None:
     sequences, plain, plain_steps = _generate(path, EXPENSIVE, twin=False)
     assert plain_steps > 0
+    assert torch.equal(sequences, plain)
+
+
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa"])
+def test_drafters_follow_plain_steps_between_their_own(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every other step plain, whatever the costs: each drafter catches up on tokens it did not draft."""
+    calls = iter(range(10**6))
+
+    def alternate(self: SpeculationGate) -> bool:
+        plain = next(calls) % 2 == 1
+        self.plain_steps += plain
+        return not plain
+
+    monkeypatch.setattr(SpeculationGate, "speculate", alternate)
+    sequences, plain, plain_steps = _generate(path, FREE, twin=True)
+    assert plain_steps > 1
     assert torch.equal(sequences, plain)
 
 

@@ -141,10 +141,12 @@ class SpeculationGate:
 
     Args:
         costs (`CostModel`): the loop's cost model.
+        enabled (`bool`): when `False`, every step drafts (the gate only measures).
     """
 
-    def __init__(self, costs: CostModel) -> None:
+    def __init__(self, costs: CostModel, enabled: bool = True) -> None:
         self.costs = costs
+        self.enabled = enabled
         self._gain: float | None = None  # committed tokens per row of recent speculative steps
         self._cost: float | None = None  # their cost in plain steps
         self._patience = _FIRST_PATIENCE
@@ -181,7 +183,7 @@ class SpeculationGate:
         else:
             self._gain += _STEP_SMOOTHING * (tokens_per_row - self._gain)
             self._cost += _STEP_SMOOTHING * (cost - self._cost)
-        if self._gain >= self._cost:
+        if self._gain >= self._cost or not self.enabled:
             self._patience = _FIRST_PATIENCE
         else:  # drafting lost: plain steps for a while, and longer each time it loses again
             self._wait = self._patience

@@ -104,6 +104,11 @@ def speculative_decode(
         _drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab, tree=tree
     )
     path = "`assistant=`" if assistant is not None else "prompt lookup"
+    # Plain steps where drafting does not pay belong to the adaptive schedule; "constant" and "heuristic" draft
+    # as they say at every step.
+    adaptive = (
+        draft_length.schedule == "adaptive" if assistant is not None else bool(prompt_lookup and prompt_lookup.adaptive)
+    )
     return decode(
         model,
         input_ids,
@@ -113,6 +118,7 @@ def speculative_decode(
         make_drafter=make_drafter,
         costs=draft_length,
         path=path,
+        plain_steps=adaptive,
         streamer=streamer,
         generator=generator,
         **model_kwargs,
@@ -162,6 +168,7 @@ def decode(
     make_drafter: DrafterFactory,
     costs: DraftLengthPolicy,
     path: str,
+    plain_steps: bool = True,
     acceptance: str = "exact",
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
@@ -179,6 +186,8 @@ def decode(
         costs (`DraftLengthPolicy`): measures (or holds fixed) the costs drafters weigh; the draft model's
             length schedule.
         path (`str`): how error messages name the speculative path the user chose.
+        plain_steps (`bool`): take plain one-token steps where drafting is not expected to pay
+            (`SpeculationGate`); otherwise draft at every step.
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
         typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
@@ -215,7 +224,7 @@ def decode(
     context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs)
     drafter = make_drafter(context)
     cost_model = costs.cost_model
-    gate = SpeculationGate(cost_model)
+    gate = SpeculationGate(cost_model, enabled=plain_steps)
     hidden_states = drafter.needs_hidden_states
     out = target.forward(
         input_ids,
