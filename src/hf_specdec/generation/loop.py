@@ -259,7 +259,7 @@ def decode(
         # not expected to pay, a plain step: each row's last token alone.
         started = time.perf_counter()
         budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
-        speculating = gate.speculate()
+        speculating = gate.speculate(last_token.shape[0])
         if speculating:
             proposal = drafter.propose(buffer, last_token, next_position, costs, max_tokens=budget)
         else:
@@ -284,6 +284,7 @@ def decode(
         new_tokens = torch.cat([nodes.gather(1, path_nodes[:, 1:].clamp_min(0)), next_token[:, None]], dim=1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])  # (A, D+1)
         path_scores, path_logits = _path_scores(proposal, path_nodes, scores, logits, recorder, buffer)
+        laggard = buffer.active_lengths.argmin()  # the least advanced row: the batch is done when it is
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
         if recorder.keep_scores or recorder.keep_logits:
             recorder.record(buffer.active, emitted, path_scores, path_logits)
@@ -304,10 +305,12 @@ def decode(
         rows, width = nodes.shape
         cost_model.observe(drafted - started, proposal.forwards, verified - drafted, rows, width)
         if speculating:
-            tokens_per_row = 1.0 + float(num_accepted.float().mean())
-            gate.observe(tokens_per_row, verified - started, proposal.forwards, rows, width, verified - drafted)
+            # The batch finishes with its least advanced row: a step pays if it advances that row faster than
+            # plain steps would (rows ahead of it finishing sooner barely shortens the call).
+            gained = 1.0 + float(num_accepted[laggard])
+            gate.observe(gained, verified - started, proposal.forwards, rows, width, verified - drafted)
         else:
-            gate.observe_plain(verified - started, verified - drafted)
+            gate.observe_plain(verified - started, rows)
         drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
         stats.record_step(buffer.active, drafted_per_row, num_accepted, emitted)
         stats.lookup_steps += proposal.looked_up
