@@ -48,7 +48,8 @@ def test_gate_takes_plain_steps_while_drafting_loses_and_retries_ever_later() ->
 
 def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     """A plain step of 4 rows takes 0.22 s; a speculative one of 0.46 s is 0.46 / 0.22 = 2.1 plain steps:
-    1.8 tokens per row lose, 2.5 win. Before a plain step of that many rows is measured, the gate measures one."""
+    1.5 tokens clearly lose, 2.5 win, and 1.8 is too close to call (drafting goes on). Before a plain step of that
+    many rows is measured, the gate measures one."""
     costs = CostModel(draft_forward=0.0)
     first = SpeculationGate(costs)
     assert first.speculate(4)  # the first step drafts
@@ -56,9 +57,11 @@ def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     assert not first.speculate(4) and first.plain_steps == 1  # no plain step of 4 rows measured yet
     first.observe_plain(0.22, 4)
     assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
-    losing, winning = SpeculationGate(costs), SpeculationGate(costs)
-    losing.observe(1.8, 0.46, 0, 4, 5, 0.36)
+    losing, close, winning = SpeculationGate(costs), SpeculationGate(costs), SpeculationGate(costs)
+    losing.observe(1.5, 0.46, 0, 4, 5, 0.36)
     assert not losing.speculate(4)
+    close.observe(1.8, 0.46, 0, 4, 5, 0.36)
+    assert close.speculate(4)
     winning.observe(2.5, 0.46, 0, 4, 5, 0.36)
     assert winning.speculate(4)
     assert not winning.speculate(3)  # rows left the batch: a plain step of 3 rows is measured first

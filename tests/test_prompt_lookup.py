@@ -111,8 +111,15 @@ def test_the_batch_drafts_as_far_as_its_matches_pay() -> None:
     expected = (drafter.history[1].expected_tokens([4]) + drafter.history[3].expected_tokens([4])) / 2
     assert drafter.expected_tokens() == pytest.approx(expected)
     assert drafter.history[3].expected_tokens([4]) == pytest.approx(1.0 + sum(rate**j for j in range(1, 5)), abs=0.01)
-    for _ in range(30):  # 3-token matches stop being accepted too: nothing pays
-        drafter.history[3].update(4, torch.zeros(2, dtype=torch.long))
+    # Once the rows' lengths differ, what counts is what drafts bring the least advanced row (the call ends
+    # with it): row 0, one token behind, now ends with a 2-token match (never measured: the prior, 1/2), so
+    # positions gain 0.5, 0.25, 0.125 against 0.2, whatever row 1's sure match would bring.
+    buffer.commit(torch.tensor([[2, 0], [4, 5]]), torch.tensor([1, 2]), None)
+    proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
+    assert drafter._sizes == [2, 3]
+    assert proposal.lengths.tolist() == [2, 2]
+    for _ in range(30):  # 2-token matches are never accepted either: nothing pays
+        drafter.history[2].update(4, torch.zeros(2, dtype=torch.long))
     proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
     assert proposal.lengths.tolist() == [0, 0]
 

@@ -124,16 +124,18 @@ class DraftTreeDrafter(DraftModelDrafter):
                 logits = self._all_logits(out).to(target_device)  # (A, F, V)
             return state.log_probs(self.processors, buffer, logits)
 
+        lagging = buffer.lagging
+
         def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
             """The adaptive rule of chains, for a tree: one more depth (a draft forward) is expected to bring the
             chance that the accepted path reaches the new frontier times the chance it goes one further, taken
-            as the ratio of the two latest frontiers' reach; averaged over rows, it must pay for a draft forward
-            and one more verified token per row."""
+            as the ratio of the two latest frontiers' reach; averaged over the least advanced rows (whose gains
+            count: `TokenBuffer.lagging`), it must pay for a draft forward and one more verified token per row."""
             if not costs.may_stop:
                 return True
             reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
             ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
-            gain = float((reach * ratio.clamp_max(1.0)).mean())
+            gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
             model = costs.cost_model
             return gain >= model.draft_forward + model.verify_per_token * rows
 

@@ -16,12 +16,13 @@ alone, so seeded sampling is reproducible.
 
 `SpeculationGate` uses the model to decide, step by step, between a speculative step and a plain one-token
 step: a drafter's step advances the batch's least advanced row by `g` tokens (a batched call ends with its
-last row, so rows ahead of it finishing sooner barely shortens it) and costs `C` plain steps of the same rows;
-when `g < C` on average over recent steps (at batch 4 on a CPU, verifying several tokens per row can cost more
-than the drafts bring), the loop takes plain steps instead, and tries drafting again after a while (sooner when
-it last paid), since what drafts bring changes with the text (a reply that starts quoting its prompt) and what
-verification costs changes with the rows left in the batch. A plain step of each batch size is measured once
-before it is compared with.
+last row, so rows ahead of it finishing sooner barely shortens it) and costs `C` plain steps of the same rows.
+When `g` falls clearly below `C` on average over recent steps (below 80% of it: at batch 4 on a CPU, verifying
+several tokens per row can cost more than the drafts bring), the loop takes plain steps instead, and tries
+drafting again after a while (sooner when it last paid), since what drafts bring changes with the text (a
+reply that starts quoting its prompt) and what verification costs changes with the rows left in the batch.
+Near break-even drafting goes on: a plain step learns nothing about the text and would miss the easy stretch
+that follows. A plain step of each batch size is measured once before it is compared with.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ _STEP_SMOOTHING = 0.3
 # each time a retry does not pay either, up to the most.
 _FIRST_PATIENCE = 2
 _MOST_PATIENCE = 32
+# Drafting stops only when it clearly loses: recent steps brought less than this share of what they cost. Near
+# break-even it goes on (a plain step learns nothing about the text, and misses the easy stretch that follows).
+_CLEAR_LOSS = 0.8
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,7 @@ class SpeculationGate:
         else:
             self._gain += _STEP_SMOOTHING * (tokens_per_row - self._gain)
             self._cost += _STEP_SMOOTHING * (cost - self._cost)
-        if self._gain >= self._cost or not self.enabled:
+        if self._gain >= _CLEAR_LOSS * self._cost or not self.enabled:
             self._patience = _FIRST_PATIENCE
         else:  # drafting lost: plain steps for a while, and longer each time it loses again
             self._wait = self._patience
