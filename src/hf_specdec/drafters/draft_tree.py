@@ -34,8 +34,10 @@ from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
-# A draft tree's shape when `tree=` gives only its size (`tree=8`): measured defaults for a draft model.
-DEFAULT_DEPTH = 6
+# A draft tree's shape when `tree=` gives only its size (`tree=16`): growing stops where a depth does not pay,
+# so a deep limit costs nothing where the draft is unsure (Qwen2.5-Coder 1.5B/0.5B, batch 1: 16 nodes to depth 8
+# ran 1.57x plain, 12 nodes to depth 6 1.54x; docs/benchmarks.md, session 10).
+DEFAULT_DEPTH = 8
 DEFAULT_TOP_K = 2
 
 
