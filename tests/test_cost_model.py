@@ -34,39 +34,52 @@ def test_fixed_costs_predict_a_step_and_never_change() -> None:
 
 def test_gate_takes_plain_steps_while_drafting_loses_and_retries_ever_later() -> None:
     gate = SpeculationGate(CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05)))
-    assert gate.speculate()  # nothing measured yet: draft
+    assert gate.speculate(4)  # nothing measured yet: draft
     # Four drafts for each of four rows cost 3 plain steps; 1.5 tokens per row do not pay for them.
     gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
-    assert [gate.speculate() for _ in range(3)] == [False, False, True]
+    assert [gate.speculate(4) for _ in range(3)] == [False, False, True]
     gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
-    assert [gate.speculate() for _ in range(5)] == [False] * 4 + [True]  # patience doubled
+    assert [gate.speculate(4) for _ in range(5)] == [False] * 4 + [True]  # patience doubled
     assert gate.plain_steps == 6
     # The text turns easy: one step committing 10 tokens per row lifts the running gain above the cost.
     gate.observe(10.0, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
-    assert all(gate.speculate() for _ in range(10))
+    assert all(gate.speculate(4) for _ in range(10))
 
 
 def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
-    """Verification at batch 4: 0.2 s for one token per row, +0.01 s per extra token; a plain step's own work
-    takes 0.02 s more. A step of 0.46 s is 0.46 / 0.22 = 2.1 plain steps: 1.8 tokens per row lose, 2.5 win."""
+    """A plain step of 4 rows takes 0.22 s; a speculative one of 0.46 s is 0.46 / 0.22 = 2.1 plain steps:
+    1.5 tokens clearly lose, 2.5 win, and 1.8 is too close to call (drafting goes on). Before a plain step of that
+    many rows is measured, the gate measures one."""
     costs = CostModel(draft_forward=0.0)
-    for width in (1, 5, 3):
-        costs.observe(0.0, 0, 0.2 + 0.01 * 4 * (width - 1), rows=4, verified_per_row=width)
-    losing, winning = SpeculationGate(costs), SpeculationGate(costs)
-    losing.observe_plain(0.22, 0.2)
+    first = SpeculationGate(costs)
+    assert first.speculate(4)  # the first step drafts
+    first.observe(2.5, 0.46, 0, 4, 5, 0.36)
+    assert not first.speculate(4) and first.plain_steps == 1  # no plain step of 4 rows measured yet
+    first.observe_plain(0.22, 4)
     assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
-    losing.observe(1.8, 0.46, 0, 4, 5, 0.36)
-    assert not losing.speculate()
+    losing, close, winning = SpeculationGate(costs), SpeculationGate(costs), SpeculationGate(costs)
+    losing.observe(1.5, 0.46, 0, 4, 5, 0.36)
+    assert not losing.speculate(4)
+    close.observe(1.8, 0.46, 0, 4, 5, 0.36)
+    assert close.speculate(4)
     winning.observe(2.5, 0.46, 0, 4, 5, 0.36)
-    assert winning.speculate()
+    assert winning.speculate(4)
+    assert not winning.speculate(3)  # rows left the batch: a plain step of 3 rows is measured first
 
 
 def test_a_step_that_drafted_nothing_measures_a_plain_step() -> None:
     costs = CostModel()
     gate = SpeculationGate(costs)
     gate.observe(1.0, seconds=0.3, draft_forwards=0, rows=2, verified_per_row=1, verify_seconds=0.25)
-    assert gate.speculate()
-    assert costs._plain_overhead == pytest.approx(0.05)
+    assert gate.speculate(2) and costs.knows_plain(2) and not costs.knows_plain(1)
+    assert costs.in_plain_steps(0.6, 1, 2, 3, 0.4) == pytest.approx(2.0)
+
+
+def test_fixed_costs_measure_nothing() -> None:
+    """With fixed costs the gate never explores (its decisions must not depend on timings)."""
+    gate = SpeculationGate(CostModel(fixed=SpeculativeCosts(0.1, 0.01)))
+    gate.observe(3.0, seconds=9.0, draft_forwards=2, rows=2, verified_per_row=3, verify_seconds=5.0)
+    assert all(gate.speculate(rows) for rows in (1, 2, 3))
 
 
 # Drafting never pays on this synthetic machine: a draft forward costs a whole target forward, and every
@@ -98,10 +111,26 @@ def _generate(path: str, costs: SpeculativeCosts, twin: bool) -> tuple[torch.Ten
     return out.sequences, plain, out.speculative.plain_steps
 
 
-@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa"])
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "hybrid", "medusa"])
 def test_plain_steps_keep_plain_greedy_tokens(path: str) -> None:
     sequences, plain, plain_steps = _generate(path, EXPENSIVE, twin=False)
     assert plain_steps > 0
+    assert torch.equal(sequences, plain)
+
+
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa"])
+def test_drafters_follow_plain_steps_between_their_own(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every other step plain, whatever the costs: each drafter catches up on tokens it did not draft."""
+    calls = iter(range(10**6))
+
+    def alternate(self: SpeculationGate, rows: int) -> bool:
+        plain = next(calls) % 2 == 1
+        self.plain_steps += plain
+        return not plain
+
+    monkeypatch.setattr(SpeculationGate, "speculate", alternate)
+    sequences, plain, plain_steps = _generate(path, FREE, twin=True)
+    assert plain_steps > 1
     assert torch.equal(sequences, plain)
 
 

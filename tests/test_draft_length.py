@@ -81,3 +81,15 @@ def test_shared_width_weighs_every_rows_gain_against_the_whole_batchs_cost() -> 
     assert shared_width([[0.9, 0.5, 0.2], [], [], []], cost=0.2) == 1  # 0.9 / 4 pays, 0.5 / 4 does not
     assert shared_width([[0.9, 0.5, 0.2], [0.8, 0.6], [0.9], []], cost=0.2) == 2  # (0.5 + 0.6) / 4 pays
     assert shared_width([[], []], cost=0.0) == 0  # nothing matched
+
+
+def test_adaptive_weighs_what_drafts_bring_the_least_advanced_rows() -> None:
+    """Row 0 is sure (0.95), row 1 is not (0.5); drafting one more costs 0.4. Averaged over both rows another
+    draft pays (0.575); if only row 1 lags (the call ends with it) it does not (0.25); if only row 0, it does."""
+    probs = torch.tensor([[0.95, 0.05], [0.5, 0.5]])
+    decisions = []
+    for lagging in (None, torch.tensor([False, True]), torch.tensor([True, False])):
+        policy = DraftLengthPolicy(num_tokens=8, cost_ratio=0.4)
+        policy.start_step(lagging)
+        decisions.append(policy.should_stop(probs))
+    assert decisions == [False, True, False]

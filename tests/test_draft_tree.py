@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec import DynamicTree
+from hf_specdec import DynamicTree, SpeculativeCosts
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
     ALPHA,
@@ -42,9 +42,9 @@ def test_draft_trees_keep_plain_greedy(arch: str, batch: int, kind: str) -> None
     if kind == "shallow":
         kwargs["repetition_penalty"] = 1.3  # a processor that reads each node's prefix
     plain = target.generate(**kwargs)
-    out = target.generate(
-        **kwargs, assistant=draft, tree=DynamicTree(num_nodes=6, depth=4, top_k=2), return_dict_in_generate=True
-    )
+    # Free costs: the tree always grows to its depth and every step drafts (the twin costs as much as the target).
+    kwargs |= {"speculative_costs": SpeculativeCosts(0.0, 0.0), "return_dict_in_generate": True}
+    out = target.generate(**kwargs, assistant=draft, tree=DynamicTree(num_nodes=6, depth=4, top_k=2))
     assert torch.equal(out.sequences, plain)
     if kind == "twin":  # the twin's own best path is always among the nodes, and is accepted
         assert out.speculative.summary()["tau"] > 2.0
@@ -63,6 +63,7 @@ def test_the_drafts_cache_follows_the_accepted_paths(arch: str) -> None:
         assistant=copy.deepcopy(target),
         tree=DynamicTree(num_nodes=4, depth=4, top_k=1),
         return_dict_in_generate=True,
+        speculative_costs=SpeculativeCosts(0.0, 0.0),  # every step grows the whole depth
     )
     assert torch.equal(out.sequences, target.generate(**kwargs))
     stats = out.speculative
@@ -111,3 +112,24 @@ def test_errors(kwargs: dict, message: str) -> None:
     ids, _ = ragged_batch(1)
     with pytest.raises((ValueError, TypeError), match=message):
         target.generate(input_ids=ids, max_new_tokens=4, **kwargs)
+
+
+def test_the_tree_stops_growing_where_a_depth_does_not_pay() -> None:
+    """With free draft forwards the tree grows its whole depth at every step; when a draft forward costs most of
+    a target forward, growing stops at the depths the draft is not sure enough of (plain greedy either way)."""
+    target = tiny_target("llama")
+    draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(2, seed=5)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 30, "do_sample": False, "eos_token_id": None}
+    plain = target.generate(**kwargs)
+    tree = DynamicTree(num_nodes=14, depth=4, top_k=2)  # every node grown is verified: the depth is what grew
+    kwargs |= {"assistant": draft, "tree": tree, "return_dict_in_generate": True}
+    depths = []
+    for costs in (SpeculativeCosts(0.0, 0.0), SpeculativeCosts(0.6, 0.0)):
+        out = target.generate(**kwargs, speculative_costs=costs)
+        assert torch.equal(out.sequences, plain)
+        stats = out.speculative
+        drafting_steps = int(stats.target_forwards[0]) - stats.plain_steps
+        depths.append(int(stats.drafted_tokens[0]) / max(drafting_steps, 1))
+    assert depths[0] > 3.5, depths  # the whole depth, but near the length limit
+    assert depths[1] < depths[0] - 1.0, depths

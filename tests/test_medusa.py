@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.medusa.loss import IGNORE_INDEX, head_accuracy, head_labels, medusa_loss
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
 
@@ -45,7 +45,8 @@ def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
     ids, mask = ragged_batch(3, seed=4)
     plain = _generate(base, ids, mask)
     _fit_heads(model, plain)
-    out = _generate(model, ids, mask, medusa=True, tree="small", return_dict_in_generate=True)
+    free = SpeculativeCosts(0.0, 0.0)  # every step drafts, whatever the clock says
+    out = _generate(model, ids, mask, medusa=True, tree="small", return_dict_in_generate=True, speculative_costs=free)
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["tau"] > 2.5
 
@@ -138,7 +139,10 @@ def test_prefix_reading_processors_see_each_paths_prefix(processing: dict) -> No
     ids, mask = ragged_batch(3, seed=11)
     _fit_heads(model, _generate(base, ids, mask), steps=80)
     kwargs = dict(pad_token_id=0, **processing)
-    out = _generate(model, ids, mask, medusa=True, tree="medium", return_dict_in_generate=True, **kwargs)
+    free = SpeculativeCosts(0.0, 0.0)  # every step drafts: the tiny heads cost as much as the tiny base here
+    out = _generate(
+        model, ids, mask, medusa=True, tree="medium", return_dict_in_generate=True, speculative_costs=free, **kwargs
+    )
     assert torch.equal(out.sequences, _generate(base, ids, mask, **kwargs))
     assert out.speculative.summary()["tau"] > 1.3
 

@@ -89,8 +89,10 @@ def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     assert drafter.starts.tolist() == [0]
 
 
-def test_each_match_size_drafts_as_far_as_its_measured_acceptance_pays() -> None:
-    """Single-token matches that were never accepted stop drafting; 3-token matches that always were go on."""
+def test_the_batch_drafts_as_far_as_its_matches_pay() -> None:
+    """Acceptance is measured per match size: single-token matches were never accepted, 3-token matches always
+    were. Every row is verified to the same width, so the 3-token match sets it and the other row drafts as far
+    (for free: it would be padded anyway); with no good match in the batch, nothing is drafted."""
     buffer, valid = _buffer([[9, 8, 1, 2, 3, 4, 5, 1], [7, 1, 2, 3, 4, 5, 6, 1, 2, 3]])
     drafter = PromptLookupDrafter(num_tokens=4, max_ngram_size=3)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
@@ -99,14 +101,27 @@ def test_each_match_size_drafts_as_far_as_its_measured_acceptance_pays() -> None
         drafter.history[3].update(4, torch.full((2,), 4))
     policy = DraftLengthPolicy(4, "constant", cost_ratio=0.0)
     for k in [0, 3, 1, 4, 2] * 3:  # verification: 0.1 of a one-token forward per extra token and row
-        policy.observe_costs(0.0, 0, 1.0 + 0.1 * (2 * (k + 1) - 2), rows=2, verified_per_row=k + 1)
+        policy.cost_model.observe(0.0, 0, 1.0 + 0.1 * (2 * (k + 1) - 2), rows=2, verified_per_row=k + 1)
     proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
     assert drafter._sizes == [1, 3]
-    assert proposal.lengths.tolist() == [0, 4]
-    assert proposal.tokens[1].tolist() == [4, 5, 6, 1]
+    assert proposal.lengths.tolist() == [4, 4]
+    assert proposal.tokens.tolist() == [[2, 3, 4, 5], [4, 5, 6, 1]]
     rate = drafter.history[3].acceptance_rate(0)  # about 19 remembered drafts, all accepted, and the prior
     assert rate > 0.95 and drafter.history[1].acceptance_rate(0) < 0.05
-    assert drafter.expected_tokens() == pytest.approx((1.0 + sum(rate**j for j in range(5))) / 2)
+    expected = (drafter.history[1].expected_tokens([4]) + drafter.history[3].expected_tokens([4])) / 2
+    assert drafter.expected_tokens() == pytest.approx(expected)
+    assert drafter.history[3].expected_tokens([4]) == pytest.approx(1.0 + sum(rate**j for j in range(1, 5)), abs=0.01)
+    # Once the rows' lengths differ, what counts is what drafts bring the least advanced row (the call ends
+    # with it): row 0, one token behind, now ends with a 2-token match (never measured: the prior, 1/2), so
+    # positions gain 0.5, 0.25, 0.125 against 0.2, whatever row 1's sure match would bring.
+    buffer.commit(torch.tensor([[2, 0], [4, 5]]), torch.tensor([1, 2]), None)
+    proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
+    assert drafter._sizes == [2, 3]
+    assert proposal.lengths.tolist() == [2, 2]
+    for _ in range(30):  # 2-token matches are never accepted either: nothing pays
+        drafter.history[2].update(4, torch.zeros(2, dtype=torch.long))
+    proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
+    assert proposal.lengths.tolist() == [0, 0]
 
 
 def test_without_the_adaptive_schedule_rows_draft_the_whole_length() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.medusa.loss import IGNORE_INDEX, following_tokens, medusa_loss_from_hidden
 from hf_specdec.medusa.recurrent import RecurrentHeads
@@ -199,13 +199,14 @@ def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
     ids, mask = ragged_batch(3, seed=4)
     plain = _generate(model.base, ids, mask)
     _fit_heads(model, plain, steps=200, lr=2e-2)
-    out = _generate(model, ids, mask, medusa=True, tree="small", return_dict_in_generate=True)
+    free = {"speculative_costs": SpeculativeCosts(0.0, 0.0)}  # every step drafts, whatever the clock says
+    out = _generate(model, ids, mask, medusa=True, tree="small", return_dict_in_generate=True, **free)
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["tau"] > 2.5
     # The same 8 nodes grown per step where the drafter is sure (DynamicTree), 6 deep: past the 3 depths the
     # heads were trained for and the static tree reaches.
     spec = DynamicTree(8, depth=6, top_k=2)
-    grown = _generate(model, ids, mask, medusa=True, tree=spec, return_dict_in_generate=True)
+    grown = _generate(model, ids, mask, medusa=True, tree=spec, return_dict_in_generate=True, **free)
     assert torch.equal(grown.sequences, plain)
     assert grown.speculative.summary()["tau"] > out.speculative.summary()["tau"]
     assert int(grown.speculative.accepted_at_position[3:].sum()) > 0

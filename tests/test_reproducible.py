@@ -37,8 +37,8 @@ def _clock(draft_forward_seconds: float) -> Iterator[None]:
             self, tokens, forwards * draft_forward_seconds + verified, forwards, rows, verified_per_row, verified
         )
 
-    def plain(self, seconds, verify_seconds) -> None:
-        gate_plain(self, 1.0, 1.0)
+    def plain(self, seconds, rows) -> None:
+        gate_plain(self, verify(rows, 1), rows)
 
     with (
         mock.patch.object(CostModel, "observe", costs),

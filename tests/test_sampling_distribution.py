@@ -33,7 +33,7 @@ from transformers import (
 
 import hf_specdec
 import hf_specdec.generation.loop
-from hf_specdec.generation.acceptance import residual_distribution, speculative_sampling
+from hf_specdec.generation.acceptance import residual_distribution, sample_accept_tree, speculative_sampling
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
 
 VOCAB = 8
@@ -271,6 +271,8 @@ def test_negative_control_broken_acceptance_rules_are_detected(
 
     def on_chains(nodes, p, trees, generator=None, q=None):  # the loop verifies a chain as a tree
         k = nodes.shape[1] - 1
+        if q is None:  # a plain step (the speculation gate): nothing drafted, the target's own token
+            return sample_accept_tree(nodes, p, trees, generator)
         num_accepted, next_token = broken_rule(nodes[:, 1:], q[:, :k], p, generator)
         return num_accepted, num_accepted, next_token
 

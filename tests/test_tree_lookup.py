@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.generation.acceptance import greedy_accept_tree
 from hf_specdec.trees.lookup_graft import graft_chains
 from hf_specdec.trees.row_trees import RowTrees
@@ -92,7 +92,7 @@ def test_lookup_raises_tau_where_the_output_repeats() -> None:
     ids, mask = ragged_batch(1, seed=3)
     plain = _generate(model.base, ids, mask)
     kwargs = {"medusa": True, "tree": "chain", "return_dict_in_generate": True}
-    without = _generate(model, ids, mask, **kwargs)
+    without = _generate(model, ids, mask, speculative_costs=SpeculativeCosts(0.0, 0.0), **kwargs)
     out = _generate(model, ids, mask, prompt_lookup_num_tokens=8, num_assistant_tokens_schedule="constant", **kwargs)
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["tau"] > without.speculative.summary()["tau"]

@@ -6,7 +6,9 @@ EAGLE-2, `hf_specdec.trees.dynamic`): from the root (the row's last committed to
 frontier node gets the draft's `top_k` likeliest next tokens, and the `top_k` best-scored of those (by the
 draft's probability of their whole path) become the next frontier, fed to the draft in one forward under a
 tree mask (each node sees the committed tokens and its own ancestors); then the `num_nodes` best-scored nodes
-form the tree the target verifies. One draft forward per depth, whatever the width.
+form the tree the target verifies. One draft forward per depth, whatever the width. With the adaptive schedule
+(the default) growing stops early once one more depth is not expected to pay for its draft forward, as chains
+stop drafting (`DraftTreeDrafter.propose`).
 
 The draft's probabilities are processed by the call's logits processors, each node with its own prefix, so
 its candidates obey them. Children are the draft's top candidates (chosen from the context alone, not drawn),
@@ -32,8 +34,10 @@ from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
-# A draft tree's shape when `tree=` gives only its size (`tree=8`): measured defaults for a draft model.
-DEFAULT_DEPTH = 6
+# A draft tree's shape when `tree=` gives only its size (`tree=16`): growing stops where a depth does not pay,
+# so a deep limit costs nothing where the draft is unsure (Qwen2.5-Coder 1.5B/0.5B, batch 1: 16 nodes to depth 8
+# ran 1.57x plain, 12 nodes to depth 6 1.54x; docs/benchmarks.md, session 10).
+DEFAULT_DEPTH = 8
 DEFAULT_TOP_K = 2
 
 
@@ -122,7 +126,22 @@ class DraftTreeDrafter(DraftModelDrafter):
                 logits = self._all_logits(out).to(target_device)  # (A, F, V)
             return state.log_probs(self.processors, buffer, logits)
 
-        grown = spec.grow_pool(last_token, expand, lambda ids: ids)
+        lagging = buffer.lagging
+
+        def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
+            """The adaptive rule of chains, for a tree: one more depth (a draft forward) is expected to bring the
+            chance that the accepted path reaches the new frontier times the chance it goes one further, taken
+            as the ratio of the two latest frontiers' reach; averaged over the least advanced rows (whose gains
+            count: `TokenBuffer.lagging`), it must pay for a draft forward and one more verified token per row."""
+            if not costs.may_stop:
+                return True
+            reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
+            ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
+            gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
+            model = costs.cost_model
+            return gain >= model.draft_forward + model.verify_per_token * rows
+
+        grown = spec.grow_pool(last_token, expand, lambda ids: ids, keep_growing)
         nodes, trees, chosen = grown.select(spec.num_nodes)
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
         self._fed = self._pending_width + fed_pool.shape[1]

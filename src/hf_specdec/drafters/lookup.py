@@ -20,8 +20,8 @@ separately for each matched n-gram size, starting from a prior per size taken fr
 (`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step. With the "adaptive" schedule the
 batch drafts as far as its matches are expected to pay for verification: every row is verified to the same
 width (a row that drafts less is padded, at the same cost), so the width grows while one more position is
-expected to bring, averaged over all rows, more than it costs (`draft_length.shared_width`); at batch size 1
-that is the row's own match.
+expected to bring more than it costs (`draft_length.shared_width`) to the least advanced rows (a batched call
+ends with its last row); at batch size 1 that is the row's own match.
 """
 
 from __future__ import annotations
@@ -117,7 +117,12 @@ class PromptLookupDrafter(ChainDrafter):
         self._sizes = [n for _, n in matches]
         width = self.num_tokens
         if self.adaptive:  # c = 0: a lookup costs no draft forward; one more position costs v * rows
-            survivals = [self.history[n].survival(continuation.numel()) if n else [] for continuation, n in matches]
+            lagging = buffer.lagging.cpu().tolist()
+            survivals = [
+                self.history[n].survival(continuation.numel()) if n else []
+                for (continuation, n), counts in zip(matches, lagging, strict=True)
+                if counts
+            ]
             width = shared_width(survivals, policy.cost_model.verify_per_token * rows.shape[0])
         found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]
         lengths = torch.tensor([f.numel() for f in found], dtype=torch.long)

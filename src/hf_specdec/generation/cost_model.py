@@ -15,11 +15,14 @@ earlier run measured, returned in `SpeculativeStats.costs`): every decision is t
 alone, so seeded sampling is reproducible.
 
 `SpeculationGate` uses the model to decide, step by step, between a speculative step and a plain one-token
-step: a drafter's step commits `g` tokens per row on average and costs `C` plain steps; when `g < C` (at
-batch 4 on a CPU, a draft model's verification can cost more than its drafts bring), the loop takes plain
-steps instead, and tries drafting again after a while (sooner when it last paid), since what drafts bring
-changes with the text (a reply that starts quoting its prompt) and what verification costs changes with the
-rows left in the batch.
+step: a drafter's step advances the batch's least advanced row by `g` tokens (a batched call ends with its
+last row, so rows ahead of it finishing sooner barely shortens it) and costs `C` plain steps of the same rows.
+When `g` falls clearly below `C` on average over recent steps (below 80% of it: at batch 4 on a CPU, verifying
+several tokens per row can cost more than the drafts bring), the loop takes plain steps instead, and tries
+drafting again after a while (sooner when it last paid), since what drafts bring changes with the text (a
+reply that starts quoting its prompt) and what verification costs changes with the rows left in the batch.
+Near break-even drafting goes on: a plain step learns nothing about the text and would miss the easy stretch
+that follows. A plain step of each batch size is measured once before it is compared with.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ _STEP_SMOOTHING = 0.3
 # each time a retry does not pay either, up to the most.
 _FIRST_PATIENCE = 2
 _MOST_PATIENCE = 32
+# Drafting stops only when it clearly loses: recent steps brought less than this share of what they cost. Near
+# break-even it goes on (a plain step learns nothing about the text, and misses the easy stretch that follows).
+_CLEAR_LOSS = 0.8
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class CostModel:
         self._draft_forward = draft_forward if fixed is None else fixed.draft_forward
         self._verify_per_token = 0.0 if fixed is None else fixed.verify_per_token
         self._verify = _VerifyLine()
-        self._plain_overhead: float | None = None  # seconds a plain step takes beyond its target forward
+        self._plain: dict[int, float] = {}  # seconds of a plain step, by rows in the batch (running means)
 
     @property
     def draft_forward(self) -> float:
@@ -112,27 +118,29 @@ class CostModel:
             ratio = draft_seconds / draft_forwards / one_token
             self._draft_forward += _SMOOTHING * (ratio - self._draft_forward)
 
-    def observe_plain(self, seconds: float, verify_seconds: float) -> None:
-        """A plain step (one token per row) took `seconds`, of which `verify_seconds` in the target forward."""
+    def observe_plain(self, seconds: float, rows: int) -> None:
+        """A plain step (one token per row) of `rows` rows took `seconds`, all of the step's work included."""
         if self.fixed is not None:
             return
-        overhead = max(seconds - verify_seconds, 0.0)
-        if self._plain_overhead is None:
-            self._plain_overhead = overhead
-        else:
-            self._plain_overhead += _STEP_SMOOTHING * (overhead - self._plain_overhead)
+        previous = self._plain.get(rows)
+        self._plain[rows] = seconds if previous is None else previous + _STEP_SMOOTHING * (seconds - previous)
+
+    def knows_plain(self, rows: int) -> bool:
+        """Whether a plain step of `rows` rows has been measured (or costs are fixed: nothing to measure)."""
+        return self.fixed is not None or rows in self._plain
 
     def in_plain_steps(
         self, seconds: float, draft_forwards: int, rows: int, verified_per_row: int, verify_seconds: float
     ) -> float:
-        """What a step cost, in plain steps of the same rows: measured (its `seconds` over a plain step's
-        predicted time), or predicted from the fixed costs."""
+        """What a step cost, in plain steps of the same rows: measured (its `seconds` over a plain step's), or
+        predicted from the fixed costs."""
         if self.fixed is not None:
             return self.fixed.step(draft_forwards, rows, verified_per_row)
-        one_token = self._verify.predict(rows)
-        if one_token is None:  # no line yet: this step's verification stands for a plain forward
-            one_token = verify_seconds / (1.0 + self._verify_per_token * rows * (verified_per_row - 1))
-        plain = one_token + (self._plain_overhead or 0.0)
+        plain = self._plain.get(rows)
+        if plain is None:  # not measured yet: the fitted verification of one token per row
+            plain = self._verify.predict(rows)
+        if plain is None:  # no line yet either: this step's verification stands for a plain forward
+            plain = verify_seconds / (1.0 + self._verify_per_token * rows * (verified_per_row - 1))
         return seconds / plain if plain > 0 else 1.0
 
 
@@ -141,20 +149,23 @@ class SpeculationGate:
 
     Args:
         costs (`CostModel`): the loop's cost model.
+        enabled (`bool`): when `False`, every step drafts (the gate only measures).
     """
 
-    def __init__(self, costs: CostModel) -> None:
+    def __init__(self, costs: CostModel, enabled: bool = True) -> None:
         self.costs = costs
+        self.enabled = enabled
         self._gain: float | None = None  # committed tokens per row of recent speculative steps
         self._cost: float | None = None  # their cost in plain steps
         self._patience = _FIRST_PATIENCE
         self._wait = 0  # plain steps left before drafting again
         self.plain_steps = 0
 
-    def speculate(self) -> bool:
-        """Whether the next step drafts (else the loop verifies each row's last token alone)."""
-        if self._wait > 0:
-            self._wait -= 1
+    def speculate(self, rows: int) -> bool:
+        """Whether the next step of `rows` rows drafts (else the loop verifies each row's last token alone)."""
+        explore = self.enabled and self._gain is not None and not self.costs.knows_plain(rows)
+        if self._wait > 0 or explore:  # explore: after a first step that drafted, measure one plain step
+            self._wait = max(self._wait - 1, 0)
             self.plain_steps += 1
             return False
         return True
@@ -168,12 +179,12 @@ class SpeculationGate:
         verified_per_row: int,
         verify_seconds: float,
     ) -> None:
-        """Record a step that drafted: rows committed `tokens_per_row` tokens on average; the step (drafting,
+        """Record a step that drafted: the least advanced row gained `tokens_per_row` tokens; the step (drafting,
         verification and the loop's work) took `seconds`, with `draft_forwards` draft forwards and
         `verified_per_row` tokens verified per row, of which `verify_seconds` verifying. A step in which no row
         drafted is a plain step (it measures what plain steps take)."""
         if verified_per_row <= 1:
-            self.costs.observe_plain(seconds, verify_seconds)
+            self.costs.observe_plain(seconds, rows)
             return
         cost = self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
         if self._gain is None or self._cost is None:
@@ -181,15 +192,15 @@ class SpeculationGate:
         else:
             self._gain += _STEP_SMOOTHING * (tokens_per_row - self._gain)
             self._cost += _STEP_SMOOTHING * (cost - self._cost)
-        if self._gain >= self._cost:
+        if self._gain >= _CLEAR_LOSS * self._cost or not self.enabled:
             self._patience = _FIRST_PATIENCE
         else:  # drafting lost: plain steps for a while, and longer each time it loses again
             self._wait = self._patience
             self._patience = min(2 * self._patience, _MOST_PATIENCE)
 
-    def observe_plain(self, seconds: float, verify_seconds: float) -> None:
-        """Record a plain step the gate chose: it took `seconds`, `verify_seconds` of them in the target."""
-        self.costs.observe_plain(seconds, verify_seconds)
+    def observe_plain(self, seconds: float, rows: int) -> None:
+        """Record a plain step the gate chose: `rows` rows took `seconds`."""
+        self.costs.observe_plain(seconds, rows)
 
 
 class _VerifyLine:

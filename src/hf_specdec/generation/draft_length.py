@@ -11,8 +11,9 @@ Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_sche
   confidence estimates (its top probability at each position, multiplied along the chain). It costs a
   draft forward, `c` target forwards, plus one more token per row to verify, `v` target forwards each
   (a verification forward's time grows with rows x tokens once the hardware is busy). A target forward
-  is worth one token per row in plain decoding, so drafting goes on while the expected gain, averaged
-  over the rows, exceeds `c + v * rows`. Both costs come from the loop's `CostModel`
+  is worth one token per row in plain decoding, so drafting goes on while the expected gain exceeds
+  `c + v * rows`; in a batch, the gain of the least advanced rows (averaged over them): the call ends with its
+  last row, so tokens for rows ahead of it barely shorten it. Both costs come from the loop's `CostModel`
   (`hf_specdec.generation.cost_model`: measured while decoding, the draft's parameter share the first guess
   of `c`, or fixed).
 
@@ -70,6 +71,7 @@ class DraftLengthPolicy:
     costs: SpeculativeCosts | None = None
     _current: int = field(init=False, repr=False)
     _survival: torch.Tensor | None = field(init=False, repr=False, default=None)
+    _lagging: torch.Tensor | None = field(init=False, repr=False, default=None)
     cost_model: CostModel = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,9 +104,11 @@ class DraftLengthPolicy:
         """Whether drafting can stop before `current` tokens (then the draft's probabilities are needed)."""
         return self.schedule == "adaptive" or self.confidence_threshold is not None
 
-    def start_step(self) -> None:
-        """Forget the previous step's chain of confidences."""
+    def start_step(self, lagging: torch.Tensor | None = None) -> None:
+        """Forget the previous step's chain of confidences; `lagging` `(batch,)`: the rows whose gains count
+        (the least advanced ones, see `TokenBuffer.lagging`), all by default."""
         self._survival = None
+        self._lagging = lagging
 
     def should_stop(self, draft_probs: torch.Tensor) -> bool:
         """Whether to stop drafting after a token drafted from `draft_probs` `(batch, vocab)`."""
@@ -115,7 +119,8 @@ class DraftLengthPolicy:
             return False
         survival = confidence if self._survival is None else self._survival * confidence  # (B,) P(all accepted)
         self._survival = survival
-        expected_gain = float((survival * confidence).mean())  # of one more draft, in tokens per row
+        gains = survival * confidence  # (B,) of one more draft, in tokens
+        expected_gain = float(gains.mean() if self._lagging is None else gains[self._lagging].mean())
         costs = self.cost_model
         return expected_gain < costs.draft_forward + costs.verify_per_token * confidence.numel()
 
@@ -194,8 +199,8 @@ def shared_width(survivals: list[list[float]], cost: float) -> int:
     """How many tokens per row a batch should verify, when row b's j-th draft would be accepted (with all
     earlier ones) with chance `survivals[b][j]` and every row is verified to the same width (shorter rows are
     padded, and padding costs as much as drafts): widen while one more position is expected to bring, averaged
-    over all rows, at least `cost` tokens (`v * rows` plain steps per position, against one token per row per
-    plain step)."""
+    over the rows given (those whose gains count: the least advanced, see `TokenBuffer.lagging`), at least
+    `cost` tokens (`v * rows` plain steps per position, against one token per row per plain step)."""
     rows, width = max(len(survivals), 1), 0
     for position in range(max((len(curve) for curve in survivals), default=0)):
         gain = sum(curve[position] for curve in survivals if len(curve) > position) / rows

@@ -104,6 +104,11 @@ def speculative_decode(
         _drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab, tree=tree
     )
     path = "`assistant=`" if assistant is not None else "prompt lookup"
+    # Plain steps where drafting does not pay belong to the adaptive schedule; "constant" and "heuristic" draft
+    # as they say at every step.
+    adaptive = (
+        draft_length.schedule == "adaptive" if assistant is not None else bool(prompt_lookup and prompt_lookup.adaptive)
+    )
     return decode(
         model,
         input_ids,
@@ -113,6 +118,7 @@ def speculative_decode(
         make_drafter=make_drafter,
         costs=draft_length,
         path=path,
+        plain_steps=adaptive,
         streamer=streamer,
         generator=generator,
         **model_kwargs,
@@ -162,6 +168,7 @@ def decode(
     make_drafter: DrafterFactory,
     costs: DraftLengthPolicy,
     path: str,
+    plain_steps: bool = True,
     acceptance: str = "exact",
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
@@ -179,6 +186,8 @@ def decode(
         costs (`DraftLengthPolicy`): measures (or holds fixed) the costs drafters weigh; the draft model's
             length schedule.
         path (`str`): how error messages name the speculative path the user chose.
+        plain_steps (`bool`): take plain one-token steps where drafting is not expected to pay
+            (`SpeculationGate`); otherwise draft at every step.
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
         typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
@@ -215,7 +224,7 @@ def decode(
     context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs)
     drafter = make_drafter(context)
     cost_model = costs.cost_model
-    gate = SpeculationGate(cost_model)
+    gate = SpeculationGate(cost_model, enabled=plain_steps)
     hidden_states = drafter.needs_hidden_states
     out = target.forward(
         input_ids,
@@ -250,7 +259,7 @@ def decode(
         # not expected to pay, a plain step: each row's last token alone.
         started = time.perf_counter()
         budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
-        speculating = gate.speculate()
+        speculating = gate.speculate(last_token.shape[0])
         if speculating:
             proposal = drafter.propose(buffer, last_token, next_position, costs, max_tokens=budget)
         else:
@@ -275,6 +284,7 @@ def decode(
         new_tokens = torch.cat([nodes.gather(1, path_nodes[:, 1:].clamp_min(0)), next_token[:, None]], dim=1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])  # (A, D+1)
         path_scores, path_logits = _path_scores(proposal, path_nodes, scores, logits, recorder, buffer)
+        laggard = buffer.active_lengths.argmin()  # the least advanced row: the batch is done when it is
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
         if recorder.keep_scores or recorder.keep_logits:
             recorder.record(buffer.active, emitted, path_scores, path_logits)
@@ -295,10 +305,12 @@ def decode(
         rows, width = nodes.shape
         cost_model.observe(drafted - started, proposal.forwards, verified - drafted, rows, width)
         if speculating:
-            tokens_per_row = 1.0 + float(num_accepted.float().mean())
-            gate.observe(tokens_per_row, verified - started, proposal.forwards, rows, width, verified - drafted)
+            # The batch finishes with its least advanced row: a step pays if it advances that row faster than
+            # plain steps would (rows ahead of it finishing sooner barely shortens the call).
+            gained = 1.0 + float(num_accepted[laggard])
+            gate.observe(gained, verified - started, proposal.forwards, rows, width, verified - drafted)
         else:
-            gate.observe_plain(verified - started, verified - drafted)
+            gate.observe_plain(verified - started, rows)
         drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
         stats.record_step(buffer.active, drafted_per_row, num_accepted, emitted)
         stats.lookup_steps += proposal.looked_up

@@ -65,6 +65,13 @@ class TokenBuffer:
     def active_lengths(self) -> torch.Tensor:
         return self.lengths[self.active]
 
+    @property
+    def lagging(self) -> torch.Tensor:
+        """Which active rows are the least advanced `(active,)`: a batched call ends with its last row, so what
+        drafts are worth is what they bring these rows (rows ahead finishing sooner barely shortens the call)."""
+        lengths = self.active_lengths
+        return lengths == lengths.min()
+
     def write(self, offset: int, new_tokens: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         """Write `(active, m)` tokens at each active row's length + `offset`, without committing them
         (`rows`: positions in the active order of the `(len(rows), m)` tokens' rows; default all)."""

@@ -82,6 +82,7 @@ def medusa_decode(
         make_drafter=make_drafter,
         costs=meter,
         path="`medusa=True`",
+        plain_steps=prompt_lookup is None or prompt_lookup.adaptive,
         acceptance=acceptance,
         typical_epsilon=typical_epsilon,
         typical_delta=typical_delta,

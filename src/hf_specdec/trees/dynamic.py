@@ -27,6 +27,9 @@ from hf_specdec.trees.row_trees import RowTrees
 # frontier node; parent_slot[b, f]: which node of the previous frontier is the parent of frontier node f
 # (None at the first depth, whose frontier is the root).
 Expander = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+# keep_growing(previous_scores (B, F), frontier_scores (B, F')) -> whether to expand the new frontier (one more
+# depth); the scores are the frontiers' path log-probabilities, the previous one's and the one just chosen.
+GrowthRule = Callable[[torch.Tensor, torch.Tensor], bool]
 
 
 @dataclass(frozen=True)
@@ -85,9 +88,14 @@ class DynamicTree:
         return nodes, trees
 
     def grow_pool(
-        self, root: torch.Tensor, expand: Expander, to_token_ids: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        root: torch.Tensor,
+        expand: Expander,
+        to_token_ids: Callable[[torch.Tensor], torch.Tensor],
+        keep_growing: GrowthRule | None = None,
     ) -> GrownPool:
-        """Every node growing produces, before the best `num_nodes` are chosen (see `grow`)."""
+        """Every node growing produces, before the best `num_nodes` are chosen (see `grow`); `keep_growing`, when
+        given, may stop growing before `depth` (a drafter that pays for every depth it expands)."""
         if self.depth is None:
             raise ValueError("Give the DynamicTree a depth (generate() sets it to the heads' own depth).")
         batch = root.shape[0]
@@ -106,12 +114,16 @@ class DynamicTree:
             tokens.append(child_tokens)
             parents.append(frontier[..., None].expand(-1, -1, k).flatten(1))
             scores.append(child_scores)
-            if level + 1 < self.depth:
-                best = child_scores.topk(min(self.top_k, child_scores.shape[1]), dim=1).indices  # (B, F')
-                parent_slot = best // k
-                frontier, frontier_tokens = size + best, child_tokens.gather(1, best)
-                frontier_scores = child_scores.gather(1, best)
-                frontiers.append(frontier)
+            if level + 1 == self.depth:
+                break
+            best = child_scores.topk(min(self.top_k, child_scores.shape[1]), dim=1).indices  # (B, F')
+            previous_scores = frontier_scores
+            frontier_scores = child_scores.gather(1, best)
+            if keep_growing is not None and not keep_growing(previous_scores, frontier_scores):
+                break
+            parent_slot = best // k
+            frontier, frontier_tokens = size + best, child_tokens.gather(1, best)
+            frontiers.append(frontier)
             size += child_scores.shape[1]
         return GrownPool(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1), frontiers)
 

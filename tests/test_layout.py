@@ -1,0 +1,32 @@
+"""The package's layout: no import cycles among its modules, and model code independent of training code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from import_cycles import import_graph, strongly_connected  # noqa: E402
+
+PACKAGE = ROOT / "src" / "hf_specdec"
+
+
+def test_no_import_cycles_even_counting_deferred_imports() -> None:
+    graph = import_graph(PACKAGE, deferred=True)
+    cycles = [component for component in strongly_connected(graph) if len(component) > 1]
+    assert not cycles, cycles
+
+
+def test_model_and_decoding_code_do_not_import_training_code() -> None:
+    """Loading heads to generate never needs the training stack (datasets, peft, the loss)."""
+    graph = import_graph(PACKAGE)
+    for module, imports in graph.items():
+        if module.startswith(("hf_specdec.generation", "hf_specdec.drafters", "hf_specdec.trees")) or module in (
+            "hf_specdec.medusa.model",
+            "hf_specdec.medusa.heads",
+            "hf_specdec.medusa.recurrent",
+        ):
+            banned = [name for name in imports if name.startswith("hf_specdec.training") or name.endswith(".loss")]
+            assert not banned, (module, banned)
