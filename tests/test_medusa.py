@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
-from hf_specdec.medusa.loss import IGNORE_INDEX, head_accuracy, head_labels, medusa_loss
+from hf_specdec.medusa.loss import IGNORE_INDEX, head_accuracy, head_labels
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
 
 
@@ -58,14 +58,12 @@ def test_head_labels_by_hand() -> None:
     assert head_labels(labels, 5).tolist() == [[IGNORE_INDEX] * 5]
 
 
-def test_loss_and_accuracy_on_a_perfect_head() -> None:
+def test_accuracy_of_a_perfect_head() -> None:
     labels = torch.tensor([[1, 2, 3, 4, 0, 1]])
     logits = torch.full((1, 1, 6, 5), -10.0)
     for i, token in enumerate(head_labels(labels, 0)[0].tolist()):
         if token != IGNORE_INDEX:
             logits[0, 0, i, token] = 10.0
-    loss, per_head = medusa_loss(logits, labels)
-    assert per_head[0] < 1e-6 and loss < 1e-6
     assert head_accuracy(logits, labels).tolist() == [1.0]
 
 

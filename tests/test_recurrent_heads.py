@@ -8,7 +8,7 @@ import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.medusa.heads import MedusaHeads
-from hf_specdec.medusa.loss import IGNORE_INDEX, following_tokens, medusa_loss_from_hidden
+from hf_specdec.medusa.loss import IGNORE_INDEX, following_tokens, medusa_objective
 from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.trees.static import DraftTree, preset_tree
 from tests.test_medusa import _fit_heads, _generate
@@ -104,7 +104,8 @@ def test_loss_trains_each_depth_only_on_unbroken_runs() -> None:
     labels = torch.tensor([[IGNORE_INDEX, 5, 6, 7, IGNORE_INDEX, IGNORE_INDEX, 8, 9, 10, 11]])
     hidden = torch.randn(1, labels.shape[1], base.config.hidden_size)
     lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
-    _, _, outputs = medusa_loss_from_hidden(model.heads, lm_head, hidden, labels, embeddings=embeddings)
+    objective = medusa_objective(model.heads, lm_head, hidden, labels, embeddings=embeddings)
+    outputs = objective.outputs
     targets = [model.heads.to_token_ids(index).tolist() for _, index in outputs]
     assert targets == [[6, 7, 9, 10, 11], [7, 10, 11], [11]]
 
@@ -118,9 +119,8 @@ def test_relabelled_data_trains_only_on_the_bases_own_path() -> None:
     input_ids = torch.tensor([[1, 5, 9, 7, 8, 4]])  # the data: token 2 is not the base's choice (6)
     hidden = torch.randn(1, labels.shape[1], base.config.hidden_size)
     lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
-    _, _, outputs = medusa_loss_from_hidden(
-        model.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=input_ids
-    )
+    objective = medusa_objective(model.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=input_ids)
+    outputs = objective.outputs
     targets = [model.heads.to_token_ids(index).tolist() for _, index in outputs]
     # Depth 0 at t=0 reads 5 (on the path) and learns 6; at t=1 it would read 6, which the data never wrote.
     assert targets == [[6, 8, 4], [4], []]
@@ -138,9 +138,9 @@ def test_heads_that_read_the_data_learn_at_every_labelled_position() -> None:
     base = recurrent.base
     hidden = torch.randn(1, labels.shape[1], base.config.hidden_size, generator=torch.Generator().manual_seed(5))
     lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
-    _, per_head, outputs = medusa_loss_from_hidden(
-        recurrent.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=input_ids
-    )
+    objective = medusa_objective(recurrent.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=input_ids)
+    per_head = objective.per_head
+    outputs = objective.outputs
     # Depth 0 at t = 0..3 reads the data's token t + 1 (5, 9, 7, 8) and learns the label t + 2.
     expected = recurrent.heads.depth_logits(hidden[0, :4], input_ids[0, 1:5, None], lm_head, embeddings, depth=1)
     torch.testing.assert_close(per_head[0], torch.nn.functional.cross_entropy(expected[0], labels[0, 2:6]))
@@ -151,7 +151,8 @@ def test_heads_that_read_the_data_learn_at_every_labelled_position() -> None:
     assert [recurrent.heads.to_token_ids(index).tolist() for _, index in outputs] == [[6, 8, 4], [4]]
 
     medusa = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False))
-    _, per_head, _ = medusa_loss_from_hidden(medusa.heads, lm_head, hidden, labels, input_ids=input_ids)
+    objective = medusa_objective(medusa.heads, lm_head, hidden, labels, input_ids=input_ids)
+    per_head = objective.per_head
     # Head 0 learns at t = 0, 2, 3, where token t + 1 is the base's own (5, 7, 8), not at t = 1 (9).
     unread = torch.zeros(3, 1, dtype=torch.long)  # Medusa heads do not read the tokens
     logits = torch.stack(medusa.heads.depth_logits(hidden[0, [0, 2, 3]], unread, lm_head, None))
@@ -178,9 +179,10 @@ def test_soft_targets_are_the_bases_distribution_before_each_label(
     with torch.no_grad():
         hidden = base(ids, output_hidden_states=True).hidden_states[-1]
     lm_head, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
-    _, per_head, _ = medusa_loss_from_hidden(
+    objective = medusa_objective(
         model.heads, lm_head, hidden, labels, embeddings=embeddings, input_ids=ids, soft_targets=True
     )
+    per_head = objective.per_head
     full = lm_head(hidden[0])  # (T, V)
     teacher = full if token_ids is None else full[:, token_ids]
     for k in range(2):

@@ -11,7 +11,7 @@ import torch
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids, count_tokens, frequent_tokens, vocab_index
 from hf_specdec.medusa.heads import MedusaHeads
-from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_loss_from_hidden
+from hf_specdec.medusa.loss import IGNORE_INDEX, medusa_objective
 from tests.tiny_models import VOCAB, ragged_batch, tiny_model, tiny_target
 
 
@@ -68,7 +68,9 @@ def test_labels_outside_the_draft_vocabulary_add_no_loss_and_count_as_misses() -
     heads = MedusaHeads(1, 1, base.config.hidden_size, VOCAB, True, token_ids=torch.tensor([5, 6]))
     hidden = torch.randn(1, 4, base.config.hidden_size)
     labels = torch.tensor([[1, 2, 5, 9]])  # head 0 sees labels 5 (learnable) and 9 (outside)
-    _, per_head, outputs = medusa_loss_from_hidden(heads, base.get_output_embeddings(), hidden, labels)
+    objective = medusa_objective(heads, base.get_output_embeddings(), hidden, labels)
+    per_head = objective.per_head
+    outputs = objective.outputs
     logits, targets = outputs[0]
     assert targets.tolist() == [0, -1]
     expected = torch.nn.functional.cross_entropy(logits[:1].float(), targets[:1])

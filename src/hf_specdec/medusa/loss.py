@@ -45,44 +45,6 @@ def head_weights(num_heads: int, decay: float = 0.8) -> torch.Tensor:
     return decay ** torch.arange(num_heads, dtype=torch.float32)
 
 
-def medusa_loss(
-    head_logits: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor | None = None,
-    input_ids: torch.Tensor | None = None,
-    heads: DraftHeads | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted cross-entropy of every head against its shifted labels, at the positions where it trains (see
-    [`following_tokens`]), from logits already computed at every position. Training does not use it: the one
-    training objective is [`medusa_objective`] (what `MedusaForCausalLM.forward` returns as its loss), which
-    projects only the labelled positions; for Medusa heads with hard targets the two agree.
-
-    Args:
-        head_logits (`torch.Tensor` of shape `(heads, batch, seq, vocab)`).
-        labels (`torch.LongTensor` of shape `(batch, seq)`): token ids, `IGNORE_INDEX` where no loss applies.
-        weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
-        input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, for relabelled
-            data (see [`following_tokens`]).
-        heads (`DraftHeads`, *optional*): when they have a draft vocabulary (the logits are then positions in
-            it; labels outside it add no loss).
-
-    Returns:
-        `(loss, per_head)`: the weighted sum (a scalar) and each head's mean loss `(heads,)`.
-    """
-    num_heads = head_logits.shape[0]
-    weights = head_weights(num_heads) if weights is None else weights
-    window, run = following_tokens(labels, num_heads, input_ids)
-    per_head = []
-    for k in range(num_heads):
-        target = window[..., k + 1] if heads is None else heads.to_head_index(window[..., k + 1])
-        target = torch.where(depth_targets(window, run, k) & (target >= 0), target, IGNORE_INDEX)
-        per_head.append(
-            functional.cross_entropy(head_logits[k].flatten(0, 1).float(), target.flatten(), ignore_index=IGNORE_INDEX)
-        )
-    per_head_tensor = torch.nan_to_num(torch.stack(per_head))  # a head with no label in the batch adds nothing
-    return (weights.to(per_head_tensor.device) * per_head_tensor).sum(), per_head_tensor
-
-
 def following_tokens(
     labels: torch.Tensor, depth: int, input_ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,21 +97,6 @@ class MedusaObjective:
     per_head: torch.Tensor
     outputs: list[tuple[torch.Tensor, torch.Tensor]]
     rows: list[torch.Tensor]
-
-
-def medusa_loss_from_hidden(
-    heads: DraftHeads,
-    lm_head: nn.Module,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor | None = None,
-    embeddings: nn.Module | None = None,
-    input_ids: torch.Tensor | None = None,
-    soft_targets: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """[`medusa_objective`] as a tuple `(loss, per_head, outputs)`."""
-    objective = medusa_objective(heads, lm_head, hidden, labels, weights, embeddings, input_ids, soft_targets)
-    return objective.loss, objective.per_head, objective.outputs
 
 
 def medusa_objective(
