@@ -55,7 +55,7 @@ def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     assert first.speculate(4)  # the first step drafts
     first.observe(2.5, 0.46, 0, 4, 5, 0.36)
     assert not first.speculate(4) and first.plain_steps == 1  # no plain step of 4 rows measured yet
-    first.observe_plain(0.22, 4)
+    costs.observe_plain(0.22, 4)
     assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
     losing, close, winning = SpeculationGate(costs), SpeculationGate(costs), SpeculationGate(costs)
     losing.observe(1.5, 0.46, 0, 4, 5, 0.36)

@@ -34,25 +34,30 @@ def test_confidence_threshold_stops_when_every_row_is_unsure() -> None:
     assert policy.should_stop(torch.tensor([[0.45, 0.55], [0.52, 0.48]]) * torch.tensor([[0.9, 0.9]]))
 
 
+def _planned(history: AcceptanceHistory, max_tokens: int, cost: float) -> int:
+    """One row's draft length under the adaptive rule on measured rates."""
+    return shared_width([history.survival(max_tokens)], cost)
+
+
 def test_planned_length_follows_the_measured_acceptance_by_position() -> None:
     """Without a draft confidence (prompt lookup), the rule runs on the acceptance rates measured at each
     position: 0.9, then 5/9, then 1/5 given the earlier ones (a little closer to 1/2 with the prior), so
     expected gains of about 0.86, 0.47 and 0.11."""
     history = AcceptanceHistory()
-    assert history.planned_length(6, cost=0.0) == 6  # no history and free verification: the prior (1/2) pays
+    assert _planned(history, 6, cost=0.0) == 6  # no history and free verification: the prior (1/2) pays
     for _ in range(200):  # 10 rows drafting 3 tokens: 1 accepts none, 4 accept one, 4 two, 1 all three
         history.update(3, torch.tensor([0, 1, 1, 1, 1, 2, 2, 2, 2, 3]))
     assert [history.acceptance_rate(j) for j in range(3)] == pytest.approx([0.86, 0.55, 0.23], abs=0.01)
-    assert history.planned_length(6, cost=0.0) == 6  # per-token cost 0: every position with a gain pays
+    assert _planned(history, 6, cost=0.0) == 6  # per-token cost 0: every position with a gain pays
     # Verification: 0.2 s for one token per row at batch 4, 0.012 s per extra token: v = 0.06 per token-row.
     costs = CostModel(draft_forward=0.0)
     for k in [0, 3, 1, 5, 2] * 4:
         costs.observe(0.0, 0, 0.2 + 0.012 * (4 * (k + 1) - 4), rows=4, verified_per_row=k + 1)
     assert costs.draft_forward == 0.0  # no draft forwards: nothing to learn about their cost
     v = costs.verify_per_token
-    assert history.planned_length(6, cost=4 * v) == 2  # gains 0.86, 0.47 pay for 4 * 0.06; the third (0.11) does not
+    assert _planned(history, 6, cost=4 * v) == 2  # gains 0.86, 0.47 pay for 4 * 0.06; the third (0.11) does not
     # One row: 0.11 pays for 0.06; a 4th draft, never measured, would gain 0.11 * 1/2 (the prior): too little.
-    assert history.planned_length(6, cost=v) == 3
+    assert _planned(history, 6, cost=v) == 3
 
 
 def test_planned_length_returns_to_drafting_after_stopping() -> None:
@@ -60,10 +65,10 @@ def test_planned_length_returns_to_drafting_after_stopping() -> None:
     history = AcceptanceHistory()
     for _ in range(50):
         history.update(4, torch.zeros(8, dtype=torch.long))
-    assert history.planned_length(4, cost=0.3) == 0
+    assert _planned(history, 4, cost=0.3) == 0
     for _ in range(60):
         history.update(0, torch.zeros(8, dtype=torch.long))
-    assert history.planned_length(4, cost=0.3) >= 1
+    assert _planned(history, 4, cost=0.3) >= 1
 
 
 def test_prior_acceptance_sets_the_rate_before_any_measurement() -> None:

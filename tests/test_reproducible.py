@@ -22,7 +22,7 @@ COSTS = SpeculativeCosts(draft_forward=0.05, verify_per_token=0.01)
 def _clock(draft_forward_seconds: float) -> Iterator[None]:
     """Patches the loop's cost measurements with a synthetic machine on which a draft forward takes
     `draft_forward_seconds` and verification 1 s plus 1 ms per verified token (real timings vary)."""
-    observe, gate_observe, gate_plain = CostModel.observe, SpeculationGate.observe, SpeculationGate.observe_plain
+    observe, gate_observe = CostModel.observe, SpeculationGate.observe
 
     def verify(rows: int, width: int) -> float:
         return 1.0 + 1e-3 * rows * width
@@ -37,13 +37,9 @@ def _clock(draft_forward_seconds: float) -> Iterator[None]:
             self, tokens, forwards * draft_forward_seconds + verified, forwards, rows, verified_per_row, verified
         )
 
-    def plain(self, seconds, rows) -> None:
-        gate_plain(self, verify(rows, 1), rows)
-
     with (
         mock.patch.object(CostModel, "observe", costs),
         mock.patch.object(SpeculationGate, "observe", gate),
-        mock.patch.object(SpeculationGate, "observe_plain", plain),
     ):
         yield
 

@@ -138,8 +138,7 @@ class DraftTreeDrafter(DraftModelDrafter):
             reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
             ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
             gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
-            model = costs.cost_model
-            return gain >= model.draft_forward + model.verify_per_token * rows
+            return gain >= costs.cost_model.extra_draft(rows)
 
         grown = spec.grow_pool(last_token, expand, lambda ids: ids, keep_growing)
         nodes, trees, chosen = grown.select(spec.num_nodes)

@@ -75,7 +75,7 @@ class HybridDrafter(ChainDrafter):
             return False
         v = policy.cost_model.verify_per_token
         lookup_rate = self.lookup.expected_tokens() / (1.0 + v * rows * k)
-        model_rate = self.model_tokens / (1.0 + (policy.cost_model.draft_forward + v * rows) * self.model_drafts)
+        model_rate = self.model_tokens / (1.0 + policy.cost_model.extra_draft(rows) * self.model_drafts)
         return lookup_rate > model_rate
 
     def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:

@@ -120,8 +120,8 @@ class PromptLookupDrafter(ChainDrafter):
             lagging = buffer.lagging.cpu().tolist()
             survivals = [
                 self.history[n].survival(continuation.numel()) if n else []
-                for (continuation, n), counts in zip(matches, lagging, strict=True)
-                if counts
+                for (continuation, n), lags in zip(matches, lagging, strict=True)
+                if lags
             ]
             width = shared_width(survivals, policy.cost_model.verify_per_token * rows.shape[0])
         found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]

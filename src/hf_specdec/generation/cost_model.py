@@ -118,6 +118,11 @@ class CostModel:
             ratio = draft_seconds / draft_forwards / one_token
             self._draft_forward += _SMOOTHING * (ratio - self._draft_forward)
 
+    def extra_draft(self, rows: int) -> float:
+        """What drafting one more token per row costs, in plain steps: a draft forward (`c`) and one more
+        verified token in each of `rows` rows (`v * rows`)."""
+        return self._draft_forward + self._verify_per_token * rows
+
     def observe_plain(self, seconds: float, rows: int) -> None:
         """A plain step (one token per row) of `rows` rows took `seconds`, all of the step's work included."""
         if self.fixed is not None:
@@ -155,7 +160,7 @@ class SpeculationGate:
     def __init__(self, costs: CostModel, enabled: bool = True) -> None:
         self.costs = costs
         self.enabled = enabled
-        self._gain: float | None = None  # committed tokens per row of recent speculative steps
+        self._gain: float | None = None  # tokens recent speculative steps gave the least advanced row
         self._cost: float | None = None  # their cost in plain steps
         self._patience = _FIRST_PATIENCE
         self._wait = 0  # plain steps left before drafting again
@@ -172,35 +177,31 @@ class SpeculationGate:
 
     def observe(
         self,
-        tokens_per_row: float,
+        gained: float,
         seconds: float,
         draft_forwards: int,
         rows: int,
         verified_per_row: int,
         verify_seconds: float,
     ) -> None:
-        """Record a step that drafted: the least advanced row gained `tokens_per_row` tokens; the step (drafting,
-        verification and the loop's work) took `seconds`, with `draft_forwards` draft forwards and
-        `verified_per_row` tokens verified per row, of which `verify_seconds` verifying. A step in which no row
-        drafted is a plain step (it measures what plain steps take)."""
+        """Record a step: the least advanced row gained `gained` tokens; the step (drafting, verification and the
+        loop's work) took `seconds`, with `draft_forwards` draft forwards and `verified_per_row` tokens verified
+        per row, of which `verify_seconds` verifying. A step in which no row drafted (the gate's plain steps, or
+        a drafter that found nothing) is a plain step: it measures what plain steps take."""
         if verified_per_row <= 1:
             self.costs.observe_plain(seconds, rows)
             return
         cost = self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
         if self._gain is None or self._cost is None:
-            self._gain, self._cost = tokens_per_row, cost
+            self._gain, self._cost = gained, cost
         else:
-            self._gain += _STEP_SMOOTHING * (tokens_per_row - self._gain)
+            self._gain += _STEP_SMOOTHING * (gained - self._gain)
             self._cost += _STEP_SMOOTHING * (cost - self._cost)
         if self._gain >= _CLEAR_LOSS * self._cost or not self.enabled:
             self._patience = _FIRST_PATIENCE
         else:  # drafting lost: plain steps for a while, and longer each time it loses again
             self._wait = self._patience
             self._patience = min(2 * self._patience, _MOST_PATIENCE)
-
-    def observe_plain(self, seconds: float, rows: int) -> None:
-        """Record a plain step the gate chose: `rows` rows took `seconds`."""
-        self.costs.observe_plain(seconds, rows)
 
 
 class _VerifyLine:

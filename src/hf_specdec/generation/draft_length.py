@@ -121,8 +121,7 @@ class DraftLengthPolicy:
         self._survival = survival
         gains = survival * confidence  # (B,) of one more draft, in tokens
         expected_gain = float(gains.mean() if self._lagging is None else gains[self._lagging].mean())
-        costs = self.cost_model
-        return expected_gain < costs.draft_forward + costs.verify_per_token * confidence.numel()
+        return expected_gain < self.cost_model.extra_draft(confidence.numel())
 
     def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
         """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
@@ -188,11 +187,6 @@ class AcceptanceHistory:
         target plus, per drafted position, the chance that it and every earlier draft are accepted."""
         total = sum(1.0 + sum(self.survival(length)) for length in lengths)
         return total / max(len(lengths), 1)
-
-    def planned_length(self, max_tokens: int, cost: float) -> int:
-        """The adaptive rule on measured rates, for one row: draft up to `max_tokens`, while the expected gain of
-        the next draft (the product of the rates up to it) is at least `cost` (`c + v * rows`, in tokens)."""
-        return shared_width([self.survival(max_tokens)], cost)
 
 
 def shared_width(survivals: list[list[float]], cost: float) -> int:

@@ -296,7 +296,10 @@ def decode(
             states = out.hidden_states[-1]  # (A, N, H)
             hidden = states.gather(1, last_node[:, None, None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
         accepted = Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden)
-        drafter.commit(accepted) if speculating else drafter.follow(accepted)
+        if speculating:
+            drafter.commit(accepted)
+        else:
+            drafter.follow(accepted)
         next_position = next_position + num_accepted + 1
         last_token = next_token
 
@@ -304,13 +307,10 @@ def decode(
         verified = time.perf_counter()
         rows, width = nodes.shape
         cost_model.observe(drafted - started, proposal.forwards, verified - drafted, rows, width)
-        if speculating:
-            # The batch finishes with its least advanced row: a step pays if it advances that row faster than
-            # plain steps would (rows ahead of it finishing sooner barely shortens the call).
-            gained = 1.0 + float(num_accepted[laggard])
-            gate.observe(gained, verified - started, proposal.forwards, rows, width, verified - drafted)
-        else:
-            gate.observe_plain(verified - started, rows)
+        # The batch finishes with its least advanced row: a step pays if it advances that row faster than plain
+        # steps would (rows ahead of it finishing sooner barely shortens the call).
+        gained = 1.0 + float(num_accepted[laggard])
+        gate.observe(gained, verified - started, proposal.forwards, rows, width, verified - drafted)
         drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
         stats.record_step(buffer.active, drafted_per_row, num_accepted, emitted)
         stats.lookup_steps += proposal.looked_up
