@@ -62,8 +62,9 @@ class Accepted(NamedTuple):
         tokens (`torch.LongTensor` of shape `(active, D+1)`): the accepted drafts, then `next_token`.
         emitted (`torch.LongTensor` of shape `(active,)`): how many of `tokens` were committed (fewer where an EOS,
             a stopping criterion or the length limit cut the row).
-        hidden (`torch.Tensor` of shape `(active, 1, hidden)`, *optional*): the target's last hidden state at the
-            last accepted node (the one that chose `next_token`), for drafters that read it.
+        hidden (`torch.Tensor` of shape `(active, D+1, hidden)`, *optional*): the target's last hidden state at
+            every node of `path` (the root's where the path is shorter), for drafters that read it; at
+            `num_accepted`, the one that chose `next_token`.
     """
 
     path: torch.Tensor
@@ -108,8 +109,8 @@ class Drafter(Protocol):
         """See the prompts `(batch, prompt)`: which tokens are real (`valid`) and their logical positions."""
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Record the target's first generated token `(batch,)` (and the hidden state `(batch, 1, H)` that
-        chose it, when `needs_hidden_states`)."""
+        """Record the target's first generated token `(batch,)` (and, when `needs_hidden_states`, the target's
+        last hidden states on the prompts `(batch, prompt, H)`: the last one chose `first_token`)."""
 
     def propose(
         self,
@@ -131,7 +132,7 @@ class Drafter(Protocol):
     def follow(self, accepted: Accepted) -> None:
         """Follow a plain step, which the loop took without asking for drafts (drafting was not expected to
         pay): each row's last token was verified alone, and `accepted.tokens[:, 0]` is the target's next token
-        (with its hidden state in `accepted.hidden` when `needs_hidden_states`)."""
+        (with the hidden state that chose it in `accepted.hidden` `(active, 1, H)` when `needs_hidden_states`)."""
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""

@@ -31,7 +31,7 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
-from hf_specdec.trees.dynamic import DynamicTree
+from hf_specdec.trees.dynamic import DynamicTree, GrowthRule
 from hf_specdec.trees.masks import chain_structure
 
 # A draft tree's shape when `tree=` gives only its size (`tree=16`): growing stops where a depth does not pay,
@@ -126,21 +126,7 @@ class DraftTreeDrafter(DraftModelDrafter):
                 logits = self._all_logits(out).to(target_device)  # (A, F, V)
             return state.log_probs(self.processors, buffer, logits)
 
-        lagging = buffer.lagging
-
-        def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
-            """The adaptive rule of chains, for a tree: one more depth (a draft forward) is expected to bring the
-            chance that the accepted path reaches the new frontier times the chance it goes one further, taken
-            as the ratio of the two latest frontiers' reach; averaged over the least advanced rows (whose gains
-            count: `TokenBuffer.lagging`), it must pay for a draft forward and one more verified token per row."""
-            if not costs.may_stop:
-                return True
-            reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
-            ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
-            gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
-            return gain >= costs.cost_model.extra_draft(rows)
-
-        grown = spec.grow_pool(last_token, expand, lambda ids: ids, keep_growing)
+        grown = spec.grow_pool(last_token, expand, lambda ids: ids, growth_rule(costs, buffer.lagging, rows))
         nodes, trees, chosen = grown.select(spec.num_nodes)
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
         self._fed = self._pending_width + fed_pool.shape[1]
@@ -174,6 +160,43 @@ class DraftTreeDrafter(DraftModelDrafter):
         self.pending_count = (1 + unfed.long()).to(self.device)
 
 
+def growth_rule(costs: DraftLengthPolicy, lagging: torch.Tensor, rows: int) -> GrowthRule | None:
+    """The adaptive rule of chains, for a tree (`None` when the schedule never stops early): one more depth (a
+    draft forward) is expected to bring the chance that the accepted path reaches the new frontier times the
+    chance it goes one further, taken as the ratio of the two latest frontiers' reach; averaged over the least
+    advanced rows (whose gains count: `TokenBuffer.lagging`), it must pay for a draft forward and one more
+    verified token per row."""
+    if not costs.may_stop:
+        return None
+
+    def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
+        reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
+        ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
+        gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
+        return gain >= costs.cost_model.extra_draft(rows)
+
+    return keep_growing
+
+
+class FrontierAncestry:
+    """Which nodes fed to a drafter earlier in a step each node of the current frontier sees (its ancestors
+    among them), for trees fed one depth per forward: `recent` `(A, F, S)` over the `S` nodes fed after the
+    root (the root is fed with the committed tokens, which every node sees)."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.depth = 0
+        self.recent = torch.zeros(rows, 1, 0, dtype=torch.bool, device=device)
+
+    def advance(self, parent_slot: torch.Tensor, previous_width: int) -> None:
+        """The next frontier: node f is a child of the previous frontier's node `parent_slot[:, f]` `(A, F)`."""
+        recent = self.recent.gather(1, parent_slot[..., None].expand(-1, -1, self.recent.shape[2]))
+        if self.depth > 0:  # the parent itself was fed at the previous depth (unless it is the root)
+            own = torch.nn.functional.one_hot(parent_slot, previous_width).bool()  # (A, F, F_prev)
+            recent = torch.cat([recent, own], dim=2)
+        self.recent = recent
+        self.depth += 1
+
+
 class _Growth:
     """The bookkeeping of one step's growth: for every frontier node, its ancestors among the nodes fed to the
     draft earlier in the step, its drafted tokens (the prefix its processors read), and whether it is still
@@ -181,9 +204,7 @@ class _Growth:
 
     def __init__(self, rows: int, device: torch.device) -> None:
         self.rows, self.device = rows, device
-        self.depth = 0
-        # (A, F, S): which nodes fed earlier this step each frontier node sees (its ancestors among them)
-        self.frontier_recent = torch.zeros(rows, 1, 0, dtype=torch.bool, device=device)
+        self.ancestry = FrontierAncestry(rows, device)
         self.paths = torch.zeros(rows, 1, 0, dtype=torch.long, device=device)  # (A, F, depth) tokens after root
         self.alive = torch.ones(rows, 1, dtype=torch.bool, device=device)  # (A, F)
         self.last_log_probs: torch.Tensor | None = None  # (A, F, V) of the previous frontier
@@ -195,18 +216,20 @@ class _Growth:
         rows = torch.arange(self.rows, device=self.device)[:, None]
         parent_logp = self.last_log_probs[rows, parent_slot].gather(2, tokens[..., None]).squeeze(2)  # (A, F)
         self.alive = self.alive.gather(1, parent_slot) & (parent_logp > float("-inf"))  # (nan: ruled out too)
-        # Ancestors among fed slots: the parent's, plus the parent itself (fed at the previous depth) unless the
-        # parent is the root (fed with the committed tokens).
-        recent = self.frontier_recent.gather(1, parent_slot[..., None].expand(-1, -1, self.frontier_recent.shape[2]))
-        if self.depth > 0:
-            own = torch.nn.functional.one_hot(parent_slot, previous_width).bool()  # (A, F, F_prev)
-            recent = torch.cat([recent, own], dim=2)
+        self.ancestry.advance(parent_slot, previous_width)
         self.paths = torch.cat(
             [self.paths.gather(1, parent_slot[..., None].expand(-1, -1, self.paths.shape[2])), tokens[..., None]],
             dim=2,
         )
-        self.depth += 1
-        self.frontier_recent = recent
+
+    @property
+    def depth(self) -> int:
+        return self.ancestry.depth
+
+    @property
+    def frontier_recent(self) -> torch.Tensor:
+        """`(A, F, S)`: which nodes fed earlier this step each frontier node sees."""
+        return self.ancestry.recent
 
     def log_probs(self, processors: RaggedLogitsProcessor, buffer: TokenBuffer, logits: torch.Tensor) -> torch.Tensor:
         """Process the draft's logits after every frontier node `(A, F, V)` with the node's own prefix; nodes

@@ -106,18 +106,20 @@ class CachedSequence:
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         new_valid: torch.Tensor,
         new_positions: torch.Tensor,
         structure: torch.Tensor,
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
         recent: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast:
         """Run the model on new tokens, appending them to the cache.
 
         Args:
-            input_ids (`torch.LongTensor` of shape `(batch, q)`): the new tokens (any id where not valid).
+            input_ids (`torch.LongTensor` of shape `(batch, q)`): the new tokens (any id where not valid); `None`
+                with `inputs_embeds`.
             new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real.
             new_positions (`torch.LongTensor` of shape `(batch, q)`): their logical positions.
             structure (`torch.BoolTensor` of shape `(q, q)` or `(batch, q, q)`): ancestor matrix among the new
@@ -126,14 +128,17 @@ class CachedSequence:
             output_hidden_states (`bool`): also return the hidden states (for heads on the last layer).
             recent (`torch.BoolTensor` of shape `(batch, q, S)`, *optional*): which of the last `S` slots each new
                 token sees (a tree fed over several forwards, see `masks.visibility`).
+            inputs_embeds (`torch.Tensor` of shape `(batch, q, hidden)`, *optional*): the new inputs as vectors
+                instead of ids (a decoder fed something other than its own embeddings, as EAGLE heads are).
 
         Returns:
             The model's `CausalLMOutputWithPast`; `logits` has shape `(batch, q, vocab)`.
         """
         mask = self._mask(new_valid, new_positions, structure, recent)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
+        inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         outputs = self.model(
-            input_ids=input_ids,
+            **inputs,
             attention_mask=mask,
             position_ids=new_positions,
             cache=self.cache,

@@ -243,7 +243,7 @@ def decode(
     emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
     recorder.record(buffer.active, emitted, scores, logits)
     stream(streamer, last_token[:, None], emitted)
-    drafter.start(last_token, out.hidden_states[-1][:, -1:] if hidden_states else None)
+    drafter.start(last_token, out.hidden_states[-1] if hidden_states else None)
     next_position = positions[:, -1] + 2  # (B,) logical position of the first drafted node
 
     while True:
@@ -292,9 +292,9 @@ def decode(
         target.keep_path(trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain)
         target.maybe_compact()
         hidden = None
-        if hidden_states:
+        if hidden_states:  # the target's last hidden state at every node of the accepted path
             states = out.hidden_states[-1]  # (A, N, H)
-            hidden = states.gather(1, last_node[:, None, None].expand(-1, -1, states.shape[-1]))  # (A, 1, H)
+            hidden = states.gather(1, path_nodes.clamp_min(0)[..., None].expand(-1, -1, states.shape[-1]))
         accepted = Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden)
         if speculating:
             drafter.commit(accepted)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_NAME = "medusa_config.json"
-HEAD_TYPES = ("medusa", "recurrent")
+HEAD_TYPES = ("medusa", "recurrent", "eagle")
 
 
 @dataclass
@@ -22,7 +22,10 @@ class MedusaConfig:
         head_type (`str`): `"medusa"`: K independent heads, each guessing from the base's hidden state alone
             (`MedusaHeads`); `"recurrent"`: one drafter that also reads the tokens drafted before it, shared
             by every depth (`hf_specdec.medusa.recurrent.RecurrentHeads`), far more accurate past the first
-            depth for the same data.
+            depth for the same data; `"eagle"`: a small decoder (`num_layers` layers of the base's own
+            architecture) that drafts the base's next features autoregressively with its own KV cache, and grows
+            a tree per row and step (`hf_specdec.medusa.eagle.EagleHeads`). For recurrent and EAGLE heads,
+            `num_heads` is the depth they draft to by default and train to.
         share_lm_head (`bool`): project with the base's own `lm_head` (no extra weights: a big saving for large
             vocabularies) instead of a projection per head, initialised from the base's.
         hidden_size (`int`, *optional*): the base's hidden size; filled in from the base when `None`.

@@ -1,6 +1,7 @@
-"""Medusa decoding: the library's one decoding loop (`hf_specdec.generation.loop.decode`) with the heads as its
-drafter (`MedusaDrafter`): candidates from the heads (a static or a dynamic tree, with prompt lookup's
-continuation grafted on when asked), one tree forward, the deepest node whose path is right, its path committed.
+"""Decoding with draft heads: the library's one decoding loop (`hf_specdec.generation.loop.decode`) with the
+heads as its drafter (`MedusaDrafter`, or `EagleDrafter` for EAGLE heads): candidates from the heads (a static or
+a dynamic tree, with prompt lookup's continuation grafted on when asked), one tree forward, the deepest node whose
+path is right, its path committed.
 
 Handed to transformers' `generate()` as its decoding method, so generation configs, processors, stopping
 criteria and streamers work as in plain decoding.
@@ -15,12 +16,15 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from hf_specdec.drafters.base import DrafterFactory
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.loop import ACCEPTANCE, decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.drafter import MedusaDrafter
+from hf_specdec.medusa.eagle import EagleHeads
+from hf_specdec.medusa.eagle_drafter import EagleDrafter
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import DraftTree
@@ -53,7 +57,7 @@ def medusa_decode(
         model (`PreTrainedModel`): the base model.
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
-        heads (`DraftHeads`): the heads on the base's last hidden state (Medusa's or recurrent ones).
+        heads (`DraftHeads`): the heads on the base's last hidden state (Medusa's, recurrent or EAGLE ones).
         tree (`DraftTree` or `DynamicTree`): which candidates to verify: the same tree at every step, or one
             grown per row and step from the heads' probabilities.
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
@@ -71,8 +75,22 @@ def medusa_decode(
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
     # The loop measures what verifying one more token costs: it decides how far a match is worth grafting, and
     # whether a tree pays for itself at all.
-    meter = DraftLengthPolicy.cost_meter(prompt_lookup.num_tokens if prompt_lookup is not None else 1, costs)
-    make_drafter = functools.partial(MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
+    lookup_tokens = prompt_lookup.num_tokens if prompt_lookup is not None else 1
+    make_drafter: DrafterFactory
+    if isinstance(heads, EagleHeads):
+        if not isinstance(tree, DynamicTree):
+            raise ValueError("EAGLE heads grow a tree per row and step: pass a DynamicTree.")
+        # A head forward per depth has a cost (c, measured): trees stop growing where a depth does not pay.
+        meter = DraftLengthPolicy(
+            num_tokens=max(lookup_tokens, tree.depth or 1),
+            schedule="adaptive",
+            cost_ratio=_parameter_share(heads, model),
+            costs=costs,
+        )
+        make_drafter = functools.partial(EagleDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
+    else:
+        meter = DraftLengthPolicy.cost_meter(lookup_tokens, costs)
+        make_drafter = functools.partial(MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
     return decode(
         model,
         input_ids,
@@ -90,3 +108,12 @@ def medusa_decode(
         generator=generator,
         **model_kwargs,
     )
+
+
+def _parameter_share(heads: DraftHeads, model: PreTrainedModel) -> float:
+    """The heads' size relative to the base's, the lm_head rows they project onto included: a first guess of a
+    head forward's cost, in base forwards."""
+    size = sum(p.numel() for p in heads.parameters())
+    if heads.projections is None:
+        size += heads.head_vocab_size * model.get_output_embeddings().weight.shape[1]
+    return size / max(model.num_parameters(), 1)

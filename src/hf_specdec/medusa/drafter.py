@@ -57,7 +57,8 @@ class MedusaDrafter:
             self.prompt_lookup.prefill(input_ids, valid, positions)
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        self.hidden = hidden
+        assert hidden is not None
+        self.hidden = hidden[:, -1:]
 
     def propose(
         self,
@@ -88,16 +89,23 @@ class MedusaDrafter:
     def commit(self, accepted: Accepted) -> None:
         """Keep the base's state at the last accepted node (the heads read it next), and let prompt lookup learn
         what its matches would have committed."""
-        self.hidden = accepted.hidden
+        self.hidden = _last_accepted(accepted)
         if self.prompt_lookup is not None:
             self.prompt_lookup.observe(accepted.tokens, accepted.emitted)
 
     def follow(self, accepted: Accepted) -> None:
         """A plain step: the heads read the base's state at the target's new token next."""
-        self.hidden = accepted.hidden
+        self.hidden = _last_accepted(accepted)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         assert self.hidden is not None
         self.hidden = self.hidden[keep]
         if self.prompt_lookup is not None:
             self.prompt_lookup.select_rows(keep)
+
+
+def _last_accepted(accepted: Accepted) -> torch.Tensor:
+    """The base's hidden state at each row's last accepted node `(A, 1, H)`: the one that chose its next token."""
+    assert accepted.hidden is not None
+    index = accepted.num_accepted[:, None, None].expand(-1, 1, accepted.hidden.shape[-1])
+    return accepted.hidden.gather(1, index)

@@ -130,6 +130,12 @@ class DraftHeads(nn.Module):
         inputs being that text's tokens; heads that do not must learn on the base's own path only)."""
         return False
 
+    @property
+    def attends(self) -> bool:
+        """Whether the heads read whole sequences of the base's features (EAGLE-style heads, with attention and a
+        cache of their own) rather than one position's hidden state."""
+        return False
+
     def base_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """The base's own logits `(..., head_vocab_size)` over the draft vocabulary, from its last hidden states:
         the distribution its heads learn with soft targets, whatever their own projections."""

@@ -91,12 +91,15 @@ class MedusaObjective:
             at the positions where its guess matters at decoding time (on the base's own path); targets are
             positions in the heads' logits, -1 for labels they cannot propose.
         rows (`list[torch.Tensor]`): per depth, the batch row `(M,)` of each of those positions.
+        per_head_feature (`torch.Tensor` of shape `(heads,)`, *optional*): for heads that predict the base's
+            features (EAGLE-style), each depth's mean feature regression loss (included in `loss`).
     """
 
     loss: torch.Tensor
     per_head: torch.Tensor
     outputs: list[tuple[torch.Tensor, torch.Tensor]]
     rows: list[torch.Tensor]
+    per_head_feature: torch.Tensor | None = None
 
 
 def medusa_objective(
@@ -108,6 +111,8 @@ def medusa_objective(
     embeddings: nn.Module | None = None,
     input_ids: torch.Tensor | None = None,
     soft_targets: bool = False,
+    attention_mask: torch.Tensor | None = None,
+    feature_weight: float = 1.0,
 ) -> MedusaObjective:
     """The weighted per-depth loss of any draft heads, computed only where it has a label: the one training
     objective (`MedusaForCausalLM.forward` computes it, and `MedusaTrainer` trains through that forward).
@@ -122,6 +127,11 @@ def medusa_objective(
       consistent example (EAGLE's recipe).
     - Heads that do not (Medusa's) cannot see those tokens, so they learn only where they are the base's own
       choices (see [`following_tokens`]), which is where their guess matters at decoding time.
+
+    - Heads that read whole sequences (EAGLE-style) are unrolled over them (`EagleHeads.unroll`, the
+      training-time test: depth i drafts from the head's own predictions of depth i - 1, as at decoding time)
+      and trained like recurrent heads, plus a regression of their predicted features on the base's
+      (smooth L1, weighted by `feature_weight`: EAGLE-1 and 2's feature loss).
 
     Targets are the labels (cross-entropy), or with `soft_targets` the base's whole next-token distribution
     there, read off its hidden state one position before the label (the KL divergence from it; its logits
@@ -138,6 +148,9 @@ def medusa_objective(
         input_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): the data's tokens, needed when the
             labels are the base's predictions on them (relabelled data).
         soft_targets (`bool`): learn the base's distributions instead of its labels.
+        attention_mask (`torch.Tensor` of shape `(batch, seq)`, *optional*): 0 on padding (for heads that read
+            whole sequences).
+        feature_weight (`float`): the weight of the feature regression, for heads that predict features.
 
     Labels outside the heads' draft vocabulary (if they have one) add no cross-entropy but count as misses in
     metrics.
@@ -156,14 +169,26 @@ def medusa_objective(
     else:
         read = window[keep][:, :depth].clamp_min(0)
     window, train_run, path_run = window[keep], train_run[keep], path_run[keep]  # (M, depth + 1), (M,), (M,)
-    logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)
+    features: list[torch.Tensor] | None = None
+    if heads.attends:
+        if embeddings is None or input_ids is None:
+            raise ValueError("EAGLE heads read the sequences: pass `input_ids` and the base's input embeddings.")
+        features = [f[keep] for f in heads.unroll(hidden, input_ids, embeddings, attention_mask, depth)]  # (M, H)
+        logits = [heads.project(f, lm_head) for f in features]
+    else:
+        logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)
     trains = [depth_targets(window, train_run, k) for k in range(depth)]
     if soft_targets:
         teacher, slot = _teacher_logits(heads, lm_head, hidden, rows, positions, trains)
-    per_head, outputs, measured_rows = [], [], []
+    per_head, per_head_feature, outputs, measured_rows = [], [], [], []
     for k in range(depth):
         trained = trains[k]
         head_logits = logits[k][trained]
+        if features is not None:  # the base's feature at t + 1 + k, which depth k predicts
+            target = hidden[rows[trained], positions[trained] + 1 + k].float()
+            predicted = features[k][trained].float()
+            regression = functional.smooth_l1_loss(predicted, target) if target.shape[0] else predicted.sum() * 0.0
+            per_head_feature.append(regression)
         if soft_targets:
             targets = teacher[slot[rows[trained], positions[trained] + 1 + k]]
             loss = kl_divergence(targets, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
@@ -179,8 +204,14 @@ def medusa_objective(
         outputs.append((logits[k][measured].detach(), heads.to_head_index(window[measured, k + 1])))
         measured_rows.append(rows[measured])
     per_head_tensor = torch.stack(per_head)
-    loss = (weights.to(per_head_tensor.device) * per_head_tensor).sum()
-    return MedusaObjective(loss, per_head_tensor, outputs, measured_rows)
+    weights = weights.to(per_head_tensor.device)
+    loss = (weights * per_head_tensor).sum()
+    feature_tensor = None
+    if features is not None:
+        feature_tensor = torch.stack(per_head_feature)
+        loss = loss + feature_weight * (weights * feature_tensor).sum()
+        feature_tensor = feature_tensor.detach()
+    return MedusaObjective(loss, per_head_tensor, outputs, measured_rows, feature_tensor)
 
 
 def label_rank_counts(objective: MedusaObjective, batch_size: int, top_k: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.medusa.card import model_card
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
+from hf_specdec.medusa.eagle import EagleHeads, eagle_tree
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME, load_original
@@ -254,6 +255,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     def _resolve_tree(
         self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
     ) -> DraftTree | DynamicTree:
+        if isinstance(self.heads, EagleHeads):
+            return self._check_dynamic_tree(eagle_tree(tree, self.heads.num_heads))
         if isinstance(tree, DynamicTree) or tree == "dynamic":
             return self._check_dynamic_tree(tree if isinstance(tree, DynamicTree) else DynamicTree())
         if tree is None:
@@ -312,7 +315,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 choices, or a number of candidate nodes (the best tree of that size for the heads' measured
                 accuracies, see `sized_tree`); default: the config's tree, else `"medium"`. Or a
                 `DynamicTree` (`"dynamic"`: its defaults), grown per row and step from the heads' own
-                probabilities.
+                probabilities. EAGLE heads always grow their trees: a `DynamicTree`, `"dynamic"` or a number
+                of nodes (see `hf_specdec.medusa.eagle.eagle_tree`).
             medusa_acceptance (`str`): `"exact"` (lossless: greedy identity, or the target's distribution when
                 sampling) or `"typical"` (Medusa's typical acceptance, **lossy**, sampling only).
             typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
@@ -377,6 +381,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         soft_targets: bool = False,
         distill_weight: float = 1.0,
         rank_top_k: int = 0,
+        feature_weight: float = 1.0,
     ) -> dict[str, torch.Tensor]:
         """Without `labels`, the heads' logits `(heads, batch, seq, vocab)` on the base's last hidden states
         (computed, or `hidden_states` when cached). With `labels`, the training objective instead
@@ -394,11 +399,13 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 to the loss as `base_loss`.
             rank_top_k (`int`): also return `label_ranks` `(batch, heads, rank_top_k + 1)`, per example and
                 depth how often the label was the rank-r candidate (see `label_rank_counts`), for evaluation.
+            feature_weight (`float`): EAGLE heads: the weight of their feature regression (reported as
+                `per_head_feature_loss`).
         """
         if labels is None:
             if hidden_states is None:
                 hidden_states = self._base_hidden_states(input_ids, attention_mask)
-            return {"head_logits": self._head_logits(hidden_states.to(self.heads.dtype), input_ids)}
+            return {"head_logits": self._head_logits(hidden_states.to(self.heads.dtype), input_ids, attention_mask)}
         # The training objective, loaded when labels ask for it: model code does not depend on the loss.
         from hf_specdec.medusa.loss import head_weights, kl_divergence, label_rank_counts, medusa_objective
 
@@ -424,8 +431,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             self.base.get_input_embeddings(),
             input_ids=input_ids,
             soft_targets=soft_targets,
+            attention_mask=attention_mask,
+            feature_weight=feature_weight,
         )
         result = {"loss": objective.loss, "per_head_loss": objective.per_head.detach()}
+        if objective.per_head_feature is not None:
+            result["per_head_feature_loss"] = objective.per_head_feature
         if base_loss is not None:
             result["loss"] = result["loss"] + base_loss
             result["base_loss"] = base_loss.detach()
@@ -439,8 +450,14 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
         return out.hidden_states[-1]
 
-    def _head_logits(self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
+    def _head_logits(
+        self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         lm_head = self.base.get_output_embeddings()
+        if isinstance(self.heads, EagleHeads):
+            if input_ids is None:
+                raise ValueError("EAGLE heads read the sequences: pass `input_ids`.")
+            return self.heads(hidden_states, lm_head, input_ids, self.base.get_input_embeddings(), attention_mask)
         if isinstance(self.heads, RecurrentHeads):
             if input_ids is None:
                 raise ValueError("Recurrent heads read the following tokens: pass `input_ids` or `labels`.")
@@ -448,13 +465,24 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         return self.heads(hidden_states, lm_head)
 
 
-_HEAD_CLASSES: dict[str, type[DraftHeads]] = {"medusa": MedusaHeads, "recurrent": RecurrentHeads}
+_HEAD_CLASSES: dict[str, type[DraftHeads]] = {"medusa": MedusaHeads, "recurrent": RecurrentHeads, "eagle": EagleHeads}
 
 
 def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.Tensor | None) -> DraftHeads:
     assert config.hidden_size is not None and config.vocab_size is not None
+    embedding_size = base.get_input_embeddings().weight.shape[1]
+    if config.head_type == "eagle":
+        return EagleHeads(
+            config.num_heads,
+            config.num_layers,
+            config.hidden_size,
+            config.vocab_size,
+            config.share_lm_head,
+            base.config,
+            embedding_size,
+            token_ids,
+        )
     if config.head_type == "recurrent":
-        embedding_size = base.get_input_embeddings().weight.shape[1]
         return RecurrentHeads(
             config.num_heads,
             config.num_layers,

@@ -1,0 +1,239 @@
+"""EAGLE-style draft heads: a small decoder that drafts the base's next *feature* autoregressively (Li et al.
+2024, EAGLE-1 and EAGLE-2; trained with EAGLE-3's training-time test, Li et al. 2025).
+
+Medusa's and recurrent heads guess from the base's hidden state at one position. An EAGLE head reads the whole
+sequence of the base's features, with its own attention and KV cache, and one token ahead of them:
+
+    x_t      = fc([n_e(e(token_{t+1})); n_f(f_t)])    f_t: the base's last hidden state at t; e: its embeddings
+    f'_{t+1} = Decoder(x_0 .. x_t)_t                   a decoder of the base's own architecture (one layer)
+    logits   = W f'_{t+1}                               the base's lm_head (a draft vocabulary's rows) or an own one
+
+`n_e` and `n_f` are RMS norms with learnt scales, as in EAGLE-3: a model's embeddings are orders of magnitude
+smaller than its hidden states (Qwen2.5-1.5B: 0.017 against 4.3), and unscaled the token would barely count.
+Drafting one token further feeds the head its own prediction `f'_{t+1}` with the drafted token; after a step,
+the head's entries for the drafted nodes are dropped and the accepted positions are fed again with the base's
+real features (`hf_specdec.medusa.eagle_drafter`).
+
+Training (`unroll`) follows decoding exactly: depth 0 reads the base's features; depth i reads the head's own
+predictions of depth i - 1 (the training-time test), attending to the real features up to the position it
+drafts from and to its own earlier predictions along the chain, as the drafted nodes of a tree do.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import AutoModel, DynamicCache, PretrainedConfig, PreTrainedModel
+
+from hf_specdec.medusa.heads import DraftHeads
+from hf_specdec.medusa.labels import values_after
+from hf_specdec.trees.dynamic import DynamicTree, Expander
+from hf_specdec.trees.masks import to_additive
+from hf_specdec.trees.static import DraftTree
+
+# The tree EAGLE heads grow by default, or when `tree=` gives only its size: children per expanded node, and
+# nodes verified. Growing stops where one more depth does not pay (`hf_specdec.drafters.draft_tree.growth_rule`).
+DEFAULT_TOP_K = 4
+DEFAULT_NUM_NODES = 16
+
+
+def eagle_tree(tree: DynamicTree | str | int | None, depth: int) -> DynamicTree:
+    """The tree EAGLE heads grow for `generate(medusa=True, tree=...)`: a `DynamicTree` (depth `depth`, the
+    heads' own, when unset), `"dynamic"` or `None` (the defaults), or a number of nodes."""
+    if tree is None or tree == "dynamic":
+        tree = DEFAULT_NUM_NODES
+    if isinstance(tree, int) and not isinstance(tree, bool):
+        if tree < 1:
+            raise ValueError(f"A tree size is a positive number of nodes, got {tree}.")
+        top_k = DEFAULT_TOP_K
+        return DynamicTree(num_nodes=min(tree, top_k + (depth - 1) * top_k**2), depth=depth, top_k=top_k)
+    if isinstance(tree, DynamicTree):
+        return tree if tree.depth is not None else DynamicTree(tree.num_nodes, depth, tree.top_k)
+    raise ValueError(
+        f"EAGLE heads grow a tree per row and step: pass tree=<number of nodes>, 'dynamic' or a DynamicTree, not "
+        f"{tree!r} (static trees and presets are for Medusa and recurrent heads)."
+    )
+
+
+class EagleHeads(DraftHeads):
+    """An EAGLE-style drafter on the base's features (see the module's docstring).
+
+    Args:
+        num_heads (`int`): the depth it drafts to by default, and the depths the training-time test unrolls.
+        num_layers (`int`): decoder layers (EAGLE uses one).
+        hidden_size (`int`): the base's hidden size.
+        vocab_size (`int`): the base's number of logits.
+        share_lm_head (`bool`): project with the base's `lm_head` instead of an own projection.
+        base_config (`PretrainedConfig`): the base's config: the decoder is built from it (same family, attention,
+            positions), with `num_layers` layers, full attention and no vocabulary of its own.
+        embedding_size (`int`): the width of the base's input embeddings (its hidden size for most models).
+        token_ids (`torch.LongTensor`, *optional*): the draft vocabulary; all `vocab_size` ids when `None`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        share_lm_head: bool,
+        base_config: PretrainedConfig,
+        embedding_size: int,
+        token_ids: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(hidden_size, vocab_size, 0 if share_lm_head else 1, token_ids)
+        if num_layers < 1:
+            raise ValueError("EAGLE heads need at least one decoder layer: pass num_layers >= 1.")
+        self.depth = num_heads
+        self.token_norm = nn.RMSNorm(embedding_size, eps=1e-6)
+        self.feature_norm = nn.RMSNorm(hidden_size, eps=1e-6)
+        self.fc = nn.Linear(embedding_size + hidden_size, hidden_size, bias=False)
+        self.decoder: PreTrainedModel = AutoModel.from_config(decoder_config(base_config, num_layers))
+
+    @property
+    def num_heads(self) -> int:
+        return self.depth
+
+    @property
+    def reads_tokens(self) -> bool:
+        return True
+
+    @property
+    def attends(self) -> bool:
+        return True
+
+    @property
+    def max_dynamic_depth(self) -> int | None:
+        return None  # the same step at every depth: it can draft past the depth it was trained to
+
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
+        """The decoder's inputs `(..., hidden)` for features `(..., hidden)` and the tokens that follow them
+        `(...)` (the token each feature chose, or a drafted one)."""
+        embedded = embeddings(tokens.to(embeddings.weight.device)).to(device=features.device, dtype=self.dtype)
+        return self.fc(torch.cat([self.token_norm(embedded), self.feature_norm(features.to(self.dtype))], dim=-1))
+
+    def unroll(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        embeddings: nn.Module,
+        attention_mask: torch.Tensor | None = None,
+        depth: int | None = None,
+    ) -> list[torch.Tensor]:
+        """The head's predicted features at every position and depth, as decoding would draft them (training and
+        evaluation: the training-time test).
+
+        Args:
+            hidden (`torch.Tensor` of shape `(batch, seq, hidden)`): the base's last hidden states.
+            tokens (`torch.LongTensor` of shape `(batch, seq)`): the sequences the states were computed on.
+            embeddings (`nn.Module`): the base's input embeddings.
+            attention_mask (`torch.Tensor` of shape `(batch, seq)`, *optional*): 0 on padding.
+            depth (`int`, *optional*): how many depths (default `num_heads`).
+
+        Returns:
+            `depth` tensors `(batch, seq, hidden)`: entry (i, b, t) is the feature of position t + 1 + i the head
+            predicts from the base's features up to t and the tokens t + 1 .. t + 1 + i; its logits predict token
+            t + 2 + i, as Medusa's head i does (zeros where t + 1 + i is past the end).
+        """
+        depth = self.depth if depth is None else depth
+        batch, length, _ = hidden.shape
+        valid = (
+            torch.ones(batch, length, dtype=torch.bool, device=hidden.device)
+            if attention_mask is None
+            else attention_mask.bool()
+        )
+        following = values_after(tokens, 1, 0)[..., 0]  # (B, T) the token after each position
+        embedded_tokens = embeddings(following.to(embeddings.weight.device)).to(device=hidden.device, dtype=self.dtype)
+        token_part = self.token_norm(embedded_tokens)
+        positions = torch.arange(length, device=hidden.device).expand(batch, length)
+        cache = DynamicCache()
+        features = hidden.to(self.dtype)
+        predicted = []
+        for step in range(depth):
+            inputs = self.fc(torch.cat([token_part, self.feature_norm(features)], dim=-1))
+            mask = to_additive(unrolled_visibility(valid, step), self.dtype)
+            out = self.decoder(
+                inputs_embeds=inputs, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+            ).last_hidden_state  # (B, T, H): entry j predicts the feature of j + 1 from real features up to j - step
+            predicted.append(nn.functional.pad(out[:, step:], (0, 0, 0, step)))  # aligned on the real position
+            features = nn.functional.pad(out[:, :-1], (0, 0, 1, 0))  # entry j of the next step reads entry j - 1's
+        return predicted
+
+    def depth_logits_on_sequences(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        lm_head: nn.Module,
+        embeddings: nn.Module,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits `(num_heads, batch, seq, head_vocab_size)` of every depth at every position (see `unroll`)."""
+        return torch.stack([self.project(f, lm_head) for f in self.unroll(hidden, tokens, embeddings, attention_mask)])
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        lm_head: nn.Module,
+        tokens: torch.Tensor,
+        embeddings: nn.Module,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced logits at every position, as `depth_logits_on_sequences`."""
+        return self.depth_logits_on_sequences(hidden, tokens, lm_head, embeddings, attention_mask)
+
+    def depth_logits(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        lm_head: nn.Module,
+        embeddings: nn.Module | None,
+        depth: int | None = None,
+    ) -> list[torch.Tensor]:
+        raise TypeError("EAGLE heads read whole sequences: use `unroll` (hf_specdec.medusa.loss does).")
+
+    def tree_candidates(
+        self, hidden: torch.Tensor, root: torch.Tensor, tree: DraftTree, lm_head: nn.Module, embeddings: nn.Module
+    ) -> torch.Tensor:
+        raise ValueError(
+            "EAGLE heads grow a tree per row and step (tree=<number of nodes>, 'dynamic' or a DynamicTree), not a "
+            "static tree."
+        )
+
+    def expander(self, hidden: torch.Tensor, lm_head: nn.Module, embeddings: nn.Module) -> Expander:
+        raise TypeError("EAGLE heads keep a cache across steps: they draft through EagleDrafter.")
+
+
+def decoder_config(base_config: PretrainedConfig, num_layers: int) -> PretrainedConfig:
+    """The config of an EAGLE head's decoder: the base's text config with `num_layers` layers, full attention
+    (training unrolls under its own masks; a window would make decoding differ from it), and a one-row
+    vocabulary (the head is fed vectors, never ids)."""
+    config = copy.deepcopy(base_config.get_text_config(decoder=True))
+    config.num_hidden_layers = num_layers
+    config.vocab_size = 1
+    config.pad_token_id = None
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = ["full_attention"] * num_layers
+    for name in ("sliding_window", "use_sliding_window"):
+        if hasattr(config, name):
+            setattr(config, name, None if name == "sliding_window" else False)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def unrolled_visibility(valid: torch.Tensor, step: int) -> torch.Tensor:
+    """Which keys the queries of unrolled depth `step` see `(batch, seq, (step + 1) * seq)`, the keys being the
+    entries of depths 0..`step` in order: entry j of depth `step` drafts from the real features up to
+    `j - step`; it sees those (depth 0, where not padding) and, at every depth d >= 1, the entry `j - step + d`,
+    its own ancestor in the chain (itself at d = `step`), exactly as a tree node sees the committed cache and its
+    ancestors. A padding query still sees itself, so attention never produces NaN."""
+    batch, length = valid.shape
+    device = valid.device
+    query = torch.arange(length, device=device)[:, None]
+    key = torch.arange(length, device=device)[None, :]
+    own = (key == query)[None] if step == 0 else torch.zeros(1, length, length, dtype=torch.bool, device=device)
+    blocks = [((key <= query - step)[None] & valid[:, None, :]) | own]  # (B, T, T); every query sees itself
+    for depth in range(1, step + 1):
+        blocks.append((key == query - step + depth)[None].expand(batch, -1, -1))
+    return torch.cat(blocks, dim=2)
