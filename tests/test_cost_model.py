@@ -106,19 +106,20 @@ def _generate(path: str, costs: SpeculativeCosts, twin: bool) -> tuple[torch.Ten
         out = target.generate(assistant=draft, prompt_lookup_num_tokens=4, **kwargs)
     else:
         torch.manual_seed(3)
-        model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3))
+        head_type = "eagle" if path == "eagle" else "medusa"
+        model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3, head_type=head_type))
         out = model.generate(medusa=True, tree=DynamicTree(num_nodes=6), **kwargs)
     return out.sequences, plain, out.speculative.plain_steps
 
 
-@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "hybrid", "medusa"])
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "hybrid", "medusa", "eagle"])
 def test_plain_steps_keep_plain_greedy_tokens(path: str) -> None:
     sequences, plain, plain_steps = _generate(path, EXPENSIVE, twin=False)
     assert plain_steps > 0
     assert torch.equal(sequences, plain)
 
 
-@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa"])
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa", "eagle"])
 def test_drafters_follow_plain_steps_between_their_own(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every other step plain, whatever the costs: each drafter catches up on tokens it did not draft."""
     calls = iter(range(10**6))

@@ -115,7 +115,7 @@ def data():
     return tokenize_records(datasets.Dataset.from_list(_conversations(32)), tiny_tokenizer(), max_length=64)
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "recurrent"])
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent", "eagle"])
 def test_heads_learn_and_loss_falls(tmp_path: Path, data, head_type: str) -> None:
     base = tiny_model("llama", seed=0)
     config = MedusaConfig(num_heads=2, share_lm_head=False, head_type=head_type)
@@ -217,6 +217,38 @@ def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
     model = MedusaForCausalLM.from_pretrained(out)
     assert model.heads.token_ids.numel() == 40 and 3 in model.heads.token_ids.tolist()  # EOS always kept
     assert model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=5, medusa=True).shape == (1, 8)
+
+
+def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> None:
+    """EAGLE heads read the prompt's tokens as well as the replies': the self-distilled cache keeps them."""
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0).save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _conversations(24)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
+    try:
+        from train_medusa import main
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "heads"
+    main(
+        [
+            "--base", str(base_dir), "--data", str(data), "--num_heads", "3", "--head_type", "eagle",
+            "--self_distill", "--distill_max_new_tokens", "12", "--cache_hidden_states", "--eval_fraction", "0.25",
+            "--output_dir", str(out), "--max_steps", "4", "--per_device_train_batch_size", "4", "--report_to", "none",
+            "--save_strategy", "no", "--head_vocab_size", "40", "--feature_weight", "0.5",
+        ]
+    )  # fmt: skip
+    config = json.loads((out / "medusa_config.json").read_text())
+    assert config["head_type"] == "eagle" and len(config["measured_top1"]) == 3
+    assert config["extra"]["training_config"]["feature_weight"] == 0.5
+    model = MedusaForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = model.base.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, medusa=True), plain)
+    with pytest.raises(ValueError, match="frozen base"):
+        main(["--base", str(base_dir), "--data", str(data), "--head_type", "eagle", "--lora", "--output_dir", str(out)])
 
 
 def test_recipe_caches_each_data_source_once(tmp_path: Path) -> None:

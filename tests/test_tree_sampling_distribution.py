@@ -391,6 +391,18 @@ def test_medusa_sampling_follows_the_target_distribution(tree: str, mode: str, h
     assert min(pvalues.values()) >= ALPHA, pvalues
 
 
+@pytest.mark.parametrize("mode", sorted(SAMPLING))
+def test_eagle_heads_sampling_follows_the_target_distribution(mode: str) -> None:
+    """EAGLE heads grow each row's tree from their own cache of the base's features: children are still chosen
+    from what the base accepted alone, so the same rule stays exact."""
+    samples, info = _cached_samples("dynamic", mode, seed=2026, head_type="eagle")
+    rate = info["summary"]["acceptance_rate"]
+    assert 0.1 < rate < 0.95, info["summary"]
+    assert int((info["accepted"][1:] > 0).sum()) >= 4, info["accepted"]  # most nodes (the likeliest ones win)
+    pvalues = _pvalues(samples, _target_joint(mode), CHECKS)
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
 @pytest.mark.parametrize("tree", ["branching", "dynamic"])
 @pytest.mark.parametrize("mode", sorted(SAMPLING))
 def test_prompt_lookup_in_the_tree_keeps_the_target_distribution(tree: str, mode: str) -> None:

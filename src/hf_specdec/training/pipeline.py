@@ -53,7 +53,9 @@ class MedusaTrainingConfig:
         default="medusa",
         metadata={
             "help": "medusa: independent heads on the hidden state; recurrent: one drafter that also reads the "
-            "tokens drafted before it (more accurate past the first depth)."
+            "tokens drafted before it (more accurate past the first depth); eagle: a one-layer decoder drafting the "
+            "base's next features with its own attention over the whole context (EAGLE), trained unrolled to "
+            "--num_heads depths."
         },
     )
     share_lm_head: bool = field(default=True, metadata={"help": "Heads project with the base's lm_head."})
@@ -114,6 +116,10 @@ class MedusaTrainingConfig:
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     distill_weight: float = field(default=1.0, metadata={"help": "Medusa-2: KL weight to the frozen base."})
     head_decay: float = field(default=0.8, metadata={"help": "Head k's loss weight is head_decay ** k."})
+    feature_weight: float = field(
+        default=1.0,
+        metadata={"help": "EAGLE heads: weight of the regression of their predicted features on the base's."},
+    )
     tree_nodes: int = field(default=16, metadata={"help": "Node budget of the tree built from measured accuracies."})
     dtype: str = field(default="float32", metadata={"help": f"Base weights' dtype: {sorted(DTYPES)}."})
 
@@ -124,6 +130,8 @@ class MedusaTrainingConfig:
             raise ValueError("--relabel_with_base and --self_distill both label with the base's own tokens: pass one.")
         if self.relabel_with_base and not self.cache_hidden_states:
             raise ValueError("--relabel_with_base labels the data in the hidden-state pass: add --cache_hidden_states.")
+        if self.head_type == "eagle" and self.lora:
+            raise ValueError("EAGLE heads draft from a frozen base's features: drop --lora.")
         if self.cache_hidden_states and self.lora:
             raise ValueError("Cached hidden states need a frozen base; they cannot be combined with --lora.")
         if self.init_heads is not None:
@@ -196,6 +204,7 @@ def train_medusa(
         distill_weight=config.distill_weight,
         tree_nodes=config.tree_nodes,
         soft_targets=config.soft_targets,
+        feature_weight=config.feature_weight,
     )
     trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
     metrics = None
@@ -268,7 +277,7 @@ def _tokenize_part(
         records = _records(config, source)
     if config.self_distill and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.
-        return self_distill_with_states(
+        distilled = self_distill_with_states(
             base,
             tokenizer,
             records,
@@ -277,7 +286,9 @@ def _tokenize_part(
             batch_size=config.distill_batch_size,
             max_length=config.max_length,
             messages_column=config.messages_column,
-        ).remove_columns("input_ids")
+        )
+        # EAGLE heads read the prompt's tokens too; the other heads read the labelled ones only.
+        return distilled if config.head_type == "eagle" else distilled.remove_columns("input_ids")
     if config.self_distill:
         records = self_distill(
             base,

@@ -31,6 +31,7 @@ class MedusaTrainer(Trainer):
         head_decay (`float`): head k's loss weight is `head_decay ** k` (Medusa: 0.8).
         distill_weight (`float`): weight of the KL to the frozen base (Medusa-2 with LoRA only).
         tree_nodes (`int`): node budget of the tree evaluated for the expected tau.
+        feature_weight (`float`): EAGLE heads: the weight of their feature regression.
         soft_targets (`bool`): heads learn the base's whole next-token distributions, not its tokens (see
             `hf_specdec.medusa.loss.medusa_objective`).
         All other arguments are `Trainer`'s; `compute_metrics` defaults to [`HeadMetrics`].
@@ -43,6 +44,7 @@ class MedusaTrainer(Trainer):
         distill_weight: float = 1.0,
         tree_nodes: int = 16,
         soft_targets: bool = False,
+        feature_weight: float = 1.0,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -53,6 +55,7 @@ class MedusaTrainer(Trainer):
         self.head_decay = head_decay
         self.distill_weight = distill_weight
         self.tree_nodes = tree_nodes
+        self.feature_weight = feature_weight
 
     @property
     def medusa(self) -> MedusaForCausalLM:
@@ -61,7 +64,12 @@ class MedusaTrainer(Trainer):
         return model
 
     def _objective_settings(self) -> dict[str, Any]:
-        return {"head_decay": self.head_decay, "soft_targets": self.soft_targets, "distill_weight": self.distill_weight}
+        return {
+            "head_decay": self.head_decay,
+            "soft_targets": self.soft_targets,
+            "distill_weight": self.distill_weight,
+            "feature_weight": self.feature_weight,
+        }
 
     def compute_loss(
         self,
