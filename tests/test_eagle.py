@@ -47,7 +47,8 @@ def _record_proposals(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
     def recording(self, buffer, last_token, next_position, costs, max_tokens):
         proposal = propose(self, buffer, last_token, next_position, costs, max_tokens)
-        committed = [buffer.tokens[row, :length].clone() for row, length in zip(buffer.active, buffer.active_lengths)]
+        lengths = buffer.active_lengths
+        committed = [buffer.tokens[row, :length].clone() for row, length in zip(buffer.active, lengths, strict=True)]
         records.append(
             {"rows": buffer.active.clone(), "committed": committed, "nodes": proposal.nodes, "trees": proposal.trees}
         )
