@@ -238,12 +238,14 @@ def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> N
             "--self_distill", "--distill_max_new_tokens", "12", "--cache_hidden_states", "--eval_fraction", "0.25",
             "--output_dir", str(out), "--max_steps", "4", "--per_device_train_batch_size", "4", "--report_to", "none",
             "--save_strategy", "no", "--head_vocab_size", "40", "--feature_weight", "0.5",
+            "--head_intermediate_size", "24",
         ]
     )  # fmt: skip
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["head_type"] == "eagle" and len(config["measured_top1"]) == 3
-    assert config["extra"]["training_config"]["feature_weight"] == 0.5
+    assert config["extra"]["training_config"]["feature_weight"] == 0.5 and config["intermediate_size"] == 24
     model = MedusaForCausalLM.from_pretrained(out)
+    assert model.heads.decoder.config.intermediate_size == 24
     ids = torch.tensor([[5, 6, 7, 8]])
     plain = model.base.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, medusa=True), plain)

@@ -32,6 +32,8 @@ class MedusaConfig:
         vocab_size (`int`, *optional*): the base's number of logits; filled in from the base when `None`.
         head_vocab_size (`int`, *optional*): when set, the heads propose only this many tokens, the most
             frequent in their training data (their ids are stored with the weights); `None`: every token.
+        intermediate_size (`int`, *optional*): EAGLE heads: the width of their decoder's MLP; `None`: the base's
+            (a narrower one makes the head cheaper to train and to run, at some accuracy).
         base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from.
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
             the preset `"medium"` cut to the number of heads.
@@ -47,6 +49,7 @@ class MedusaConfig:
     hidden_size: int | None = None
     vocab_size: int | None = None
     head_vocab_size: int | None = None
+    intermediate_size: int | None = None
     base_model_name_or_path: str | None = None
     tree: list[list[int]] | None = None
     measured_top1: list[float] | None = None
@@ -62,6 +65,12 @@ class MedusaConfig:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
         if self.head_vocab_size is not None and (not isinstance(self.head_vocab_size, int) or self.head_vocab_size < 1):
             raise ValueError(f"head_vocab_size must be a positive integer or None, got {self.head_vocab_size!r}.")
+        if self.intermediate_size is not None and self.head_type != "eagle":
+            raise ValueError("intermediate_size sizes an EAGLE head's decoder: it needs head_type='eagle'.")
+        if self.intermediate_size is not None and (
+            not isinstance(self.intermediate_size, int) or self.intermediate_size < 1
+        ):
+            raise ValueError(f"intermediate_size must be a positive integer or None, got {self.intermediate_size!r}.")
         if self.tree is not None and max(len(path) for path in self.tree) > self.num_heads:
             raise ValueError(f"The tree is deeper than the {self.num_heads} heads can fill: cut it or add heads.")
 

@@ -70,6 +70,7 @@ class EagleHeads(DraftHeads):
             positions), with `num_layers` layers, full attention and no vocabulary of its own.
         embedding_size (`int`): the width of the base's input embeddings (its hidden size for most models).
         token_ids (`torch.LongTensor`, *optional*): the draft vocabulary; all `vocab_size` ids when `None`.
+        intermediate_size (`int`, *optional*): the decoder's MLP width; the base's when `None`.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class EagleHeads(DraftHeads):
         base_config: PretrainedConfig,
         embedding_size: int,
         token_ids: torch.Tensor | None = None,
+        intermediate_size: int | None = None,
     ) -> None:
         super().__init__(hidden_size, vocab_size, 0 if share_lm_head else 1, token_ids)
         if num_layers < 1:
@@ -90,7 +92,9 @@ class EagleHeads(DraftHeads):
         self.token_norm = nn.RMSNorm(embedding_size, eps=1e-6)
         self.feature_norm = nn.RMSNorm(hidden_size, eps=1e-6)
         self.fc = nn.Linear(embedding_size + hidden_size, hidden_size, bias=False)
-        self.decoder: PreTrainedModel = AutoModel.from_config(decoder_config(base_config, num_layers))
+        self.decoder: PreTrainedModel = AutoModel.from_config(
+            decoder_config(base_config, num_layers, intermediate_size)
+        )
 
     @property
     def num_heads(self) -> int:
@@ -205,12 +209,19 @@ class EagleHeads(DraftHeads):
         raise TypeError("EAGLE heads keep a cache across steps: they draft through EagleDrafter.")
 
 
-def decoder_config(base_config: PretrainedConfig, num_layers: int) -> PretrainedConfig:
-    """The config of an EAGLE head's decoder: the base's text config with `num_layers` layers, full attention
-    (training unrolls under its own masks; a window would make decoding differ from it), and a one-row
-    vocabulary (the head is fed vectors, never ids)."""
+def decoder_config(
+    base_config: PretrainedConfig, num_layers: int, intermediate_size: int | None = None
+) -> PretrainedConfig:
+    """The config of an EAGLE head's decoder: the base's text config with `num_layers` layers (and MLPs
+    `intermediate_size` wide if given), full attention (training unrolls under its own masks; a window would make
+    decoding differ from it), and a one-row vocabulary (the head is fed vectors, never ids)."""
     config = copy.deepcopy(base_config.get_text_config(decoder=True))
     config.num_hidden_layers = num_layers
+    if intermediate_size is not None:
+        names = [name for name in ("intermediate_size", "n_inner", "ffn_dim") if hasattr(config, name)]
+        if not names:
+            raise ValueError(f"{type(config).__name__} names no MLP width this library knows: drop intermediate_size.")
+        setattr(config, names[0], intermediate_size)
     config.vocab_size = 1
     config.pad_token_id = None
     if getattr(config, "layer_types", None) is not None:

@@ -481,6 +481,7 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
             base.config,
             embedding_size,
             token_ids,
+            config.intermediate_size,
         )
     if config.head_type == "recurrent":
         return RecurrentHeads(

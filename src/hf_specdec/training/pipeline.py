@@ -34,7 +34,8 @@ from hf_specdec.trees.static import build_tree
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
 # What a checkpoint fixes about its heads: with --init_heads these come from it.
-_HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size")
+_HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size", "head_intermediate_size")
+_CONFIG_NAME = {"head_intermediate_size": "intermediate_size"}  # what MedusaConfig calls it
 METRICS_NAME = "eval_metrics.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,6 +66,10 @@ class MedusaTrainingConfig:
             "help": "Heads propose only this many tokens, the most frequent in the training labels (much cheaper "
             "heads on large vocabularies, still lossless); default: every token."
         },
+    )
+    head_intermediate_size: int | None = field(
+        default=None,
+        metadata={"help": "EAGLE heads: their decoder's MLP width (default: the base's; narrower trains faster)."},
     )
     init_heads: str | None = field(
         default=None,
@@ -226,7 +231,8 @@ def train_medusa(
     if command is not None:
         medusa_config.extra["training_command"] = command
     trained = asdict(config)
-    trained.update({name: getattr(medusa_config, name) for name in _HEAD_SHAPE})  # from the checkpoint if warm
+    # From the checkpoint if warm.
+    trained.update({name: getattr(medusa_config, _CONFIG_NAME.get(name, name)) for name in _HEAD_SHAPE})
     medusa_config.extra["training_config"] = trained
     trainer.save_model(str(output_dir))  # the process that saves writes (FSDP/DeepSpeed gather first)
     if trainer.is_world_process_zero():
@@ -329,6 +335,7 @@ def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: li
         num_layers=config.num_layers,
         head_type=config.head_type,
         share_lm_head=config.share_lm_head,
+        intermediate_size=config.head_intermediate_size,
     )
     token_ids = None
     if config.head_vocab_size is not None:
