@@ -126,6 +126,8 @@ def test_draft_tree_methods_by_size_run_and_keep_identity() -> None:
 
     assert method_by_name("specdec-tree10-d5-k3").kwargs["tree"] == DynamicTree(num_nodes=10, depth=5, top_k=3)
     assert method_by_name("specdec-tree8").kwargs["tree"].num_nodes == 8
+    vocab = method_by_name("specdec-tree16-vocab")
+    assert vocab.needs_draft_vocab and vocab.kwargs["tree"].num_nodes == 16
     for bad in ("specdec-tree0", "specdec-tree8-k", "specdec-treex"):
         with pytest.raises(ValueError, match="Unknown method"):
             method_by_name(bad)

@@ -80,29 +80,32 @@ METHODS: dict[str, Method] = {
 # `medusa-dynN` (a DynamicTree of N nodes), either with `-lookup` (prompt lookup's continuation grafted on,
 # up to 10 tokens).
 _MEDUSA_TREE = re.compile(r"medusa-(dyn)?([1-9][0-9]*)(-lookup)?")
-# Draft-model trees by size: `specdec-treeN` (N nodes, the default shape), `specdec-treeN-dD-kK` (depth D, top_k K).
-_DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?")
+# Draft-model trees by size: `specdec-treeN` (N nodes, the default shape), `specdec-treeN-dD-kK` (depth D, top_k K),
+# with `-vocab` over the benchmark's draft vocabulary (as `specdec-vocab`).
+_DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?(-vocab)?")
 
 
 def method_by_name(name: str) -> Method:
     """The method called `name`: one of `METHODS`, a Medusa tree size such as `medusa-8`, `medusa-5-lookup`,
-    `medusa-dyn12`, or a draft model's tree such as `specdec-tree8` or `specdec-tree10-d5-k2`."""
+    `medusa-dyn12`, or a draft model's tree such as `specdec-tree8`, `specdec-tree10-d5-k2` or
+    `specdec-tree16-vocab`."""
     if name in METHODS:
         return METHODS[name]
     tree = _DRAFT_TREE.fullmatch(name)
     if tree is not None:
-        size, depth, top_k = tree.groups()
+        size, depth, top_k, vocab = tree.groups()
         spec = draft_tree_spec(int(size))
         if depth is not None or top_k is not None:
             spec = DynamicTree(
                 num_nodes=int(size), depth=int(depth or DEFAULT_DEPTH), top_k=int(top_k or DEFAULT_TOP_K)
             )
-        return Method(name, "specdec", {"assistant": "{draft}", "tree": spec})
+        kwargs = {"assistant": "{draft}", "tree": spec} | ({"assistant_vocab": "{draft_vocab}"} if vocab else {})
+        return Method(name, "specdec", kwargs)
     match = _MEDUSA_TREE.fullmatch(name)
     if match is None:
         raise ValueError(
             f"Unknown method {name!r}; choose from {sorted(METHODS)}, medusa-N / medusa-dynN[-lookup] for N nodes, "
-            "or specdec-treeN[-dD][-kK] for a draft model's tree."
+            "or specdec-treeN[-dD][-kK][-vocab] for a draft model's tree."
         )
     dynamic, size, lookup = match.groups()
     kwargs: dict[str, Any] = {"medusa": True, "tree": DynamicTree(num_nodes=int(size)) if dynamic else int(size)}
