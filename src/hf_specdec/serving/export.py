@@ -43,7 +43,11 @@ FILES = {
 
 
 def export_heads(
-    model: MedusaForCausalLM, directory: str | Path, engine: str, dtype: torch.dtype | None = None
+    model: MedusaForCausalLM,
+    directory: str | Path,
+    engine: str,
+    dtype: torch.dtype | None = None,
+    base_name: str | None = None,
 ) -> Path:
     """Write `model`'s heads in `engine`'s layout into `directory` (created if needed).
 
@@ -51,6 +55,8 @@ def export_heads(
         model (`MedusaForCausalLM`): the heads and their base (whose lm_head is copied where the engine needs it).
         engine (`str`): one of `ENGINES`.
         dtype (`torch.dtype`, *optional*): the weights' dtype in the files; default: the heads' own.
+        base_name (`str`, *optional*): the base as the engine will load it (a Hub id or a folder), written as
+            `base_model_name_or_path`; default: the heads' config's. TGI needs it: it loads the base from there.
 
     Returns:
         `Path`: the folder written.
@@ -59,6 +65,12 @@ def export_heads(
         `ValueError`: for heads the engine cannot represent (see the module's docstring), with what to do instead.
     """
     check_exportable(model, engine)
+    base_name = base_name or model.config.base_model_name_or_path
+    if engine == "tgi" and not base_name:
+        raise ValueError(
+            "TGI loads the base that the heads' config.json names (`base_model_name_or_path`), and these heads "
+            "name none: pass base_name= (the base's Hub id or folder, as TGI will see it)."
+        )
     heads = model.heads
     assert isinstance(heads, MedusaHeads)
     dtype = dtype or heads.dtype
@@ -69,12 +81,12 @@ def export_heads(
     path.mkdir(parents=True, exist_ok=True)
     config_name, weights_name = FILES[engine]
     if engine == "vllm":
-        meta, weights = _vllm(config.to_dict(), state, lm_head)
+        meta, weights = _vllm({**config.to_dict(), "base_model_name_or_path": base_name}, state, lm_head)
     else:
         meta = {
             "medusa_num_heads": config.num_heads,
             "medusa_num_layers": config.num_layers,
-            "base_model_name_or_path": config.base_model_name_or_path,
+            "base_model_name_or_path": base_name,
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,
         }

@@ -145,7 +145,9 @@ def _warn_if_config_disagrees(
 ) -> None:
     for key, found in zip(keys, (num_heads, num_layers), strict=True):
         if key in meta and int(meta[key]) != found:
-            logger.warning("%s: config.json says %s=%s but the weights hold %d; using %d.", source, key, meta[key], found, found)
+            logger.warning(
+                "%s: config.json says %s=%s but the weights hold %d; using %d.", source, key, meta[key], found, found
+            )
 
 
 def _whole_model_heads(directory: Path) -> dict[str, torch.Tensor]:

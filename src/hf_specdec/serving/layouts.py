@@ -61,7 +61,9 @@ def from_numbered(raw: dict[str, torch.Tensor], source: str) -> tuple[dict[str, 
         elif match := _NUMBERED_PROJECTION.match(key):
             projections[int(match[1]), int(match[2])] = tensor
         else:
-            raise ValueError(f"{source}: unexpected key {key!r} (a numbered Medusa head holds `{{head}}.{{layer}}...`).")
+            raise ValueError(
+                f"{source}: unexpected key {key!r} (a numbered Medusa head holds `{{head}}.{{layer}}...`)."
+            )
     num_heads = 1 + max([k for k, _, _ in blocks] + [k for k, _ in projections], default=-1)
     num_layers = 1 + max((layer for _, layer, _ in blocks), default=-1)
     if num_heads == 0:
@@ -140,4 +142,6 @@ def _check_complete(
     if projections:
         expected |= {f"projections.{k}.weight" for k in range(num_heads)}
     if missing := sorted(expected - set(state)):
-        raise ValueError(f"{source}: the heads are incomplete, missing {missing[:4]}{' ...' if len(missing) > 4 else ''}.")
+        raise ValueError(
+            f"{source}: the heads are incomplete, missing {missing[:4]}{' ...' if len(missing) > 4 else ''}."
+        )
