@@ -6,7 +6,8 @@ not this library's: it imports only vLLM.
         --num-speculative-tokens 3 --max-tokens 64 --out result.json
 
 `prompts.json` holds a list of token-id lists. `result.json` gets `plain` and `medusa` (the generated token ids
-per prompt) and `metrics` (`num_drafts`, `num_draft_tokens`, `num_accepted_tokens`, `accepted_per_position`).
+per prompt), `metrics` (`num_drafts`, `num_draft_tokens`, `num_accepted_tokens`, `accepted_per_position`) and
+`seconds` (each engine's start and generation, wall time).
 The engine starts in a process of its own (spawn), hence the `__main__` guard.
 """
 
@@ -16,6 +17,7 @@ import argparse
 import gc
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,11 @@ from typing import Any
 def generate(
     base: str, prompts: list[list[int]], max_tokens: int, dtype: str, speculative: dict[str, Any] | None
 ) -> tuple[list[list[int]], dict[str, Any]]:
-    """Greedy token ids per prompt, and the speculative-decoding counters (empty without `speculative`)."""
+    """Greedy token ids per prompt, and the speculative-decoding counters (empty without `speculative`) with the
+    engine's start and generation times."""
     from vllm import LLM, SamplingParams
 
+    start = time.perf_counter()
     llm = LLM(
         model=base,
         dtype=dtype,
@@ -35,10 +39,12 @@ def generate(
         disable_log_stats=False,
         speculative_config=speculative,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
     tokens = [list(output.outputs[0].token_ids) for output in outputs]
-    metrics = _spec_metrics(llm.get_metrics()) if speculative else {}
+    metrics: dict[str, Any] = _spec_metrics(llm.get_metrics()) if speculative else {}
+    metrics["seconds"] = {"start": round(started - start, 1), "generate": round(time.perf_counter() - started, 1)}
     del llm
     gc.collect()
     return tokens, metrics
@@ -70,10 +76,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
     prompts = json.loads(args.prompts.read_text())
-    plain, _ = generate(args.base, prompts, args.max_tokens, args.dtype, None)
+    plain, plain_metrics = generate(args.base, prompts, args.max_tokens, args.dtype, None)
     speculative = {"method": "medusa", "model": args.heads, "num_speculative_tokens": args.num_speculative_tokens}
     medusa, metrics = generate(args.base, prompts, args.max_tokens, args.dtype, speculative)
-    args.out.write_text(json.dumps({"plain": plain, "medusa": medusa, "metrics": metrics}))
+    seconds = {"plain": plain_metrics.pop("seconds"), "medusa": metrics.pop("seconds")}
+    args.out.write_text(json.dumps({"plain": plain, "medusa": medusa, "metrics": metrics, "seconds": seconds}))
 
 
 if __name__ == "__main__":
