@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
+from hf_specdec.medusa.config import MedusaConfig
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.serving.layouts import to_numbered, to_vllm
 
@@ -64,7 +65,14 @@ def export_heads(
     Raises:
         `ValueError`: for heads the engine cannot represent (see the module's docstring), with what to do instead.
     """
-    check_exportable(model, engine)
+    check_exportable(model.config, engine)
+    if not isinstance(model.heads, MedusaHeads):
+        raise ValueError(f"{engine} serves Medusa heads only, and these are {type(model.heads).__name__}.")
+    if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError(
+            f"The base's lm_head has a bias, which {engine}'s Medusa heads do not apply to their projections: "
+            "exporting would change their logits."
+        )
     base_name = base_name or model.config.base_model_name_or_path
     if engine == "tgi" and not base_name:
         raise ValueError(
@@ -72,7 +80,6 @@ def export_heads(
             "name none: pass base_name= (the base's Hub id or folder, as TGI will see it)."
         )
     heads = model.heads
-    assert isinstance(heads, MedusaHeads)
     dtype = dtype or heads.dtype
     config = model.config
     state = {k: v.detach().to("cpu") for k, v in heads.state_dict().items()}
@@ -105,29 +112,23 @@ def export_heads(
     return path
 
 
-def check_exportable(model: MedusaForCausalLM, engine: str) -> None:
-    """Raise a `ValueError` saying why, when `engine` cannot serve `model`'s heads as they are."""
+def check_exportable(config: MedusaConfig, engine: str) -> None:
+    """Raise a `ValueError` saying why and what to do instead, when `engine` cannot serve heads so configured
+    (the training recipe checks its `--export_to` engines with this before training)."""
     if engine not in ENGINES:
         raise ValueError(f"Unknown engine {engine!r}: choose from {ENGINES}.")
-    config = model.config
-    if config.head_type != "medusa" or not isinstance(model.heads, MedusaHeads):
+    if config.head_type != "medusa":
         raise ValueError(
             f"{engine} serves Medusa heads only (head_type 'medusa'), and these are {config.head_type!r} heads: "
             "their drafts depend on the tokens drafted before them, which no engine's Medusa implementation "
             "computes. Train heads with --head_type medusa to serve them there (docs/serving.md)."
         )
     if config.head_vocab_size is not None and (engine != "vllm" or not config.share_lm_head):
-        where = "for heads with their own projections" if engine == "vllm" else ""
+        where = " for heads with their own projections" if engine == "vllm" else ""
         raise ValueError(
             f"These heads propose from a draft vocabulary of {config.head_vocab_size} tokens, which {engine} cannot "
-            f"map back to token ids{' ' + where if where else ''}. Train heads over the whole vocabulary (no "
-            "--head_vocab_size)"
+            f"map back to token ids{where}. Train heads over the whole vocabulary (no --head_vocab_size)"
             + (", or sharing the base's lm_head, which vLLM maps with its token_map." if engine == "vllm" else ".")
-        )
-    if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
-        raise ValueError(
-            f"The base's lm_head has a bias, which {engine}'s Medusa heads do not apply to their projections: "
-            "exporting would change their logits."
         )
 
 
