@@ -81,11 +81,11 @@ def read_heads(directory: Path) -> ImportedHeads | None:
     """
     meta = _read_json(directory / "config.json")
     numbered = next((directory / name for name in NUMBERED_WEIGHTS if (directory / name).exists()), None)
-    if meta.get("model_type") == "medusa":
-        return _read_vllm(directory, meta)
-    if numbered is not None:
+    if numbered is not None:  # FasterDecoding's names, whatever the config (vLLM reads them too)
         raw = _load_weights(numbered)
         return _from_numbered(raw, meta, str(numbered), meta.get("base_model_name_or_path"), "numbered")
+    if meta.get("model_type") == "medusa":
+        return _read_vllm(directory, meta)
     if "medusa_num_heads" in meta:
         raw = _whole_model_heads(directory)
         if raw:
