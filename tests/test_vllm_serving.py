@@ -157,10 +157,11 @@ def test_vllm_serves_exported_heads_with_plain_greedy_output_and_our_acceptance(
         "vllm_seconds": vllm["seconds"],
     }
     print(json.dumps(report), file=sys.stderr)
-    assert 0.05 < report["acceptance"]["vllm"] < 1.0, report  # trained heads: some drafts accepted, not all
-    assert abs(report["acceptance"]["ours"] - report["acceptance"]["vllm"]) <= 0.05, report
+    assert 0 < metrics["num_accepted_tokens"] < metrics["num_draft_tokens"], report  # some accepted, not all
+    # Equal in exact arithmetic; float32 kernels may break a near-tie differently now and then.
+    assert abs(report["acceptance"]["ours"] - report["acceptance"]["vllm"]) <= 0.02, report
     for ours, theirs in zip(report["by_position"]["ours"], report["by_position"]["vllm"], strict=True):
-        assert abs(ours - theirs) <= 0.05, report
+        assert abs(ours - theirs) <= 0.02, report
 
 
 def _rate(metrics: dict) -> float:

@@ -119,9 +119,9 @@ def check_exportable(config: MedusaConfig, engine: str) -> None:
         raise ValueError(f"Unknown engine {engine!r}: choose from {ENGINES}.")
     if config.head_type != "medusa":
         raise ValueError(
-            f"{engine} serves Medusa heads only (head_type 'medusa'), and these are {config.head_type!r} heads: "
-            "their drafts depend on the tokens drafted before them, which no engine's Medusa implementation "
-            "computes. Train heads with --head_type medusa to serve them there (docs/serving.md)."
+            f"{engine} serves Medusa heads only (head_type 'medusa'), and these are {config.head_type!r} heads, "
+            "which its Medusa implementation cannot compute: it runs each head on the base's hidden state alone. "
+            "Train heads with --head_type medusa to serve them there (docs/serving.md)."
         )
     if config.head_vocab_size is not None and (engine != "vllm" or not config.share_lm_head):
         where = " for heads with their own projections" if engine == "vllm" else ""
