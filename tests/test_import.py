@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_specdec import MedusaForCausalLM
+from tests.engine_loaders import vllm_logits
 from tests.tiny_models import tiny_model
 
 
@@ -117,6 +118,28 @@ def test_pickles_load_tensors_only_and_bad_files_say_why(tmp_path) -> None:
     torch.save(state, tmp_path / "medusa_lm_head.pt")
     with pytest.raises(ValueError, match=r"incomplete, missing \['blocks.0.0.linear.bias'\]"):
         MedusaForCausalLM.from_pretrained(tmp_path, base_model=base)
+
+
+def test_vllm_layout_with_a_token_map(tmp_path) -> None:
+    """vLLM's draft-vocabulary layout (`truncated_vocab_size`, `token_map`, one full `lm_head.weight`), written by
+    hand from its loader: the heads propose those ids, as vLLM's loader would score them."""
+    base = tiny_model("llama", seed=0)
+    hidden, vocab = base.config.hidden_size, base.config.vocab_size
+    token_map = torch.arange(5, 65, 3)
+    torch.manual_seed(0)
+    weights = {"token_map": token_map, "lm_head.weight": base.get_output_embeddings().weight.detach().clone()}
+    for k in range(2):
+        weights[f"blocks.{k}.layers.0.weight"] = 0.1 * torch.randn(hidden, hidden)
+        weights[f"blocks.{k}.layers.0.bias"] = 0.1 * torch.randn(hidden)
+    save_file(weights, tmp_path / "model.safetensors")
+    config = {"model_type": "medusa", "hidden_size": hidden, "vocab_size": vocab, "num_heads": 2}
+    config |= {"num_hidden_layers": 1, "truncated_vocab_size": len(token_map), "medusa_fc_bias": True}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "original_lm_head": True}))
+    model = MedusaForCausalLM.from_pretrained(tmp_path, base_model=base)
+    assert model.config.share_lm_head and torch.equal(model.heads.token_ids, token_map)
+    states = torch.randn(4, hidden)
+    served = vllm_logits(tmp_path, states, 2)[..., token_map]
+    torch.testing.assert_close(model.heads(states, base.get_output_embeddings()), served)
 
 
 class _NotATensor:

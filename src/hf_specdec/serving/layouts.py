@@ -78,15 +78,13 @@ def from_numbered(raw: dict[str, torch.Tensor], source: str) -> tuple[dict[str, 
 
 
 def to_vllm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """This library's names -> vLLM's (the shared `lm_head.weight` and `token_map` are the exporter's to add)."""
+    """This library's names -> vLLM's (a shared `lm_head.weight` is the exporter's to add)."""
     out = {}
     for key, tensor in state.items():
         if match := _LIBRARY_BLOCK.match(key):
             out[f"blocks.{match[1]}.layers.{match[2]}.{match[3]}"] = tensor
         elif match := _LIBRARY_PROJECTION.match(key):
             out[f"lm_heads.{match[1]}.weight"] = tensor
-        elif key == "token_ids":
-            out["token_map"] = tensor
         else:
             raise ValueError(f"{key!r} has no place in vLLM's Medusa layout.")
     return out

@@ -129,7 +129,7 @@ class MedusaTrainingConfig:
         for engine in self.export_engines:
             if self.lora:
                 raise ValueError("--export_to writes the heads alone, but with --lora the base trains too: drop one.")
-            check_exportable(MedusaConfig(**{name: getattr(self, name) for name in _HEAD_SHAPE}), engine)
+            check_exportable(self, engine)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}.")
         if self.relabel_with_base and self.self_distill:
