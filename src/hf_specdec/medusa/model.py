@@ -198,12 +198,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         hub = {"token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
         directory = local_directory(path_or_repo, revision=revision, **hub)
         base_kwargs = {**{k: v for k, v in hub.items() if v}, **base_kwargs}
-        imported = None if (directory / CONFIG_NAME).exists() else read_heads(directory)
-        if imported is not None:
-            config = imported.config
-        elif (directory / CONFIG_NAME).exists():
+        imported = None
+        if (directory / CONFIG_NAME).exists():
             config = MedusaConfig.from_pretrained(directory)
             state = load_file(directory / WEIGHTS_NAME)
+        elif (imported := read_heads(directory)) is not None:
+            config = imported.config
         else:
             raise ValueError(
                 f"{path_or_repo}: no heads there (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt "
