@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # EAGLE heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go: the data of qwen_coder_cpu.sh
 # (1,490 ShareGPT V3 requests: maths, code, chat), replies self-distilled by the base with their hidden states
-# kept from the generation, one decoder layer (MLP narrowed to 2,240: a training step then takes about a third of
-# the full width's, timed on a random batch) trained unrolled to 4 depths, over a 16k draft vocabulary, with soft targets. Not yet run in full: the same
-# command on 768 of the requests took 47 min (docs/training.md, session 11).
+# kept from the generation, one decoder layer trained unrolled to 4 depths over a 16k draft vocabulary, with soft
+# targets. Its MLP is narrowed to 2,240: a training step then takes about a third of the full width's (timed on a
+# random batch). Not yet run in full: the same command on 768 of the requests took 47 min (docs/training.md).
 # Rerun with the same OUTPUT_DIR to resume: the data files and self-distilled shards are reused.
 #   bash recipes/eagle_qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail
