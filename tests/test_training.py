@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import datasets
@@ -30,6 +29,7 @@ from hf_specdec.training import (
 from hf_specdec.training.data import to_messages
 from hf_specdec.training.hidden_cache import base_labels
 from hf_specdec.training.trainer import TOP_K
+from tests.recipe import recipe_main
 from tests.tiny_models import VOCAB, tiny_model
 
 ROLES = ["user", "assistant", "system"]
@@ -190,11 +190,7 @@ def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
     tiny_tokenizer().save_pretrained(base_dir)
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in _conversations(24)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
     out = tmp_path / "heads"
     main(
         [
@@ -226,11 +222,7 @@ def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> N
     tiny_tokenizer().save_pretrained(base_dir)
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in _conversations(24)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
     out = tmp_path / "heads"
     main(
         [
@@ -262,11 +254,7 @@ def test_recipe_caches_each_data_source_once(tmp_path: Path) -> None:
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     first.write_text("\n".join(json.dumps(r) for r in _conversations(12, seed=1)))
     second.write_text("\n".join(json.dumps(r) for r in _conversations(8, seed=2)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
     out = tmp_path / "heads"
 
     def run(data: str) -> dict:
@@ -303,11 +291,7 @@ def test_recipe_fine_tunes_trained_heads(tmp_path: Path) -> None:
     tiny_tokenizer().save_pretrained(base_dir)
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in _conversations(12, seed=3)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
     common = [
         "--base", str(base_dir), "--data", str(data), "--cache_hidden_states", "--per_device_train_batch_size", "4",
         "--report_to", "none", "--save_strategy", "no",

@@ -4,7 +4,6 @@ on the Hub, and conversations in a column of another name."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import datasets
@@ -12,6 +11,7 @@ import pytest
 
 from hf_specdec.training import load_records, tokenize_records
 from hf_specdec.training.data import to_messages
+from tests.recipe import recipe_main
 from tests.test_training import _conversations, tiny_tokenizer
 from tests.tiny_models import tiny_model
 
@@ -64,11 +64,7 @@ def test_recipe_trains_on_a_named_split(tmp_path: Path) -> None:
     base_dir = tmp_path / "base"
     tiny_model("llama", seed=0).save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
     out = tmp_path / "heads"
     main(
         [

@@ -5,7 +5,6 @@ folder laid out as the Hub cache lays it out (`models--org--name/snapshots/<comm
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.card import model_card
+from tests.recipe import recipe_main
 from tests.test_training import _conversations, tiny_tokenizer
 from tests.tiny_models import tiny_model
 
@@ -56,11 +56,7 @@ def hub(monkeypatch) -> HubRecorder:
 
 
 def _recipe():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
     return main
 
 

@@ -4,7 +4,6 @@ never stopped (heads, optimizer, scheduler, RNG and data position all come back)
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import datasets
@@ -15,6 +14,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.training import MedusaCollator, MedusaTrainer, tokenize_records
+from tests.recipe import recipe_main
 from tests.test_training import _conversations, tiny_tokenizer
 from tests.tiny_models import tiny_model
 
@@ -99,11 +99,7 @@ def test_recipe_resumes_from_a_checkpoint(tmp_path: Path) -> None:
     tiny_tokenizer().save_pretrained(base_dir)
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in _conversations(20)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "recipes"))
-    try:
-        from train_medusa import main
-    finally:
-        sys.path.pop(0)
+    main = recipe_main()
 
     def run(output: Path, *extra: str) -> dict[str, torch.Tensor]:
         main(
