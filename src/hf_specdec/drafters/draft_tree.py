@@ -49,9 +49,7 @@ def draft_tree_spec(tree: DynamicTree | int) -> DynamicTree:
             f"With `assistant=`, `tree` is a hf_specdec.DynamicTree or a number of nodes, got {type(tree).__name__}."
         )
     if isinstance(tree, int):
-        depth = DEFAULT_DEPTH
-        top_k = DEFAULT_TOP_K
-        return DynamicTree(num_nodes=min(tree, top_k + (depth - 1) * top_k**2), depth=depth, top_k=top_k)
+        return DynamicTree.at_most(tree, DEFAULT_DEPTH, DEFAULT_TOP_K)
     if tree.depth is None:
         tree = dataclasses.replace(tree, depth=DEFAULT_DEPTH)
     return tree
@@ -94,11 +92,7 @@ class DraftTreeDrafter(DraftModelDrafter):
     ) -> Proposal:
         """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one)."""
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
-        depth = max(1, min(self.tree.depth or 1, max_tokens))
-        spec = self.tree
-        if depth != spec.depth:
-            spec = DynamicTree(num_nodes=1, depth=depth, top_k=spec.top_k)
-            spec = dataclasses.replace(spec, num_nodes=min(self.tree.num_nodes, spec.max_nodes))
+        spec = self.tree.within(max_tokens)
         target_device = buffer.tokens.device
         rows = buffer.active.shape[0]
         last_position = buffer.max_length - 1

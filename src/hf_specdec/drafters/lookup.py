@@ -31,6 +31,8 @@ import torch
 from hf_specdec.drafters.base import Chain, ChainDrafter
 from hf_specdec.generation.draft_length import AcceptanceHistory, DraftLengthPolicy, shared_width
 from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.trees.lookup_graft import graft_chains
+from hf_specdec.trees.row_trees import RowTrees
 
 # Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
 # last entry); from the replay described above.
@@ -96,6 +98,22 @@ class PromptLookupDrafter(ChainDrafter):
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Note where each row's real tokens start, so that left padding is never matched."""
         self.starts = valid.long().argmax(dim=1).cpu()  # (B,) first valid column (0 when the row has none)
+
+    def graft(
+        self,
+        nodes: torch.Tensor,
+        trees: RowTrees,
+        buffer: TokenBuffer,
+        next_position: torch.Tensor,
+        policy: DraftLengthPolicy,
+        max_tokens: int,
+    ) -> tuple[torch.Tensor, RowTrees, bool]:
+        """Each row's looked-up continuation grafted onto its tree of `nodes` (`hf_specdec.trees.lookup_graft`), as
+        far as `draft_chain` drafts it: `(nodes, trees, looked_up)`."""
+        chain = self.draft_chain(buffer, next_position, policy, max_tokens)
+        assert chain.lengths is not None
+        nodes, trees = graft_chains(nodes, trees, chain.tokens, chain.lengths)
+        return nodes, trees, chain.looked_up
 
     def draft_chain(
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int

@@ -11,7 +11,6 @@ from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.trees.dynamic import DynamicTree
-from hf_specdec.trees.lookup_graft import graft_chains
 from hf_specdec.trees.static import DraftTree
 
 
@@ -80,10 +79,7 @@ class MedusaDrafter:
             nodes, trees = self.heads.dynamic_candidates(hidden, last_token, self.tree, self.lm_head, self.embeddings)
         looked_up = False
         if self.prompt_lookup is not None:
-            chain = self.prompt_lookup.draft_chain(buffer, next_position, costs, max_tokens)
-            assert chain.lengths is not None
-            nodes, trees = graft_chains(nodes, trees, chain.tokens, chain.lengths)
-            looked_up = chain.looked_up
+            nodes, trees, looked_up = self.prompt_lookup.graft(nodes, trees, buffer, next_position, costs, max_tokens)
         return Proposal(nodes, trees, looked_up=looked_up)  # drafted: the trees' depths
 
     def commit(self, accepted: Accepted) -> None:

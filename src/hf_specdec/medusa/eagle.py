@@ -47,8 +47,7 @@ def eagle_tree(tree: DynamicTree | str | int | None, depth: int) -> DynamicTree:
     if isinstance(tree, int) and not isinstance(tree, bool):
         if tree < 1:
             raise ValueError(f"A tree size is a positive number of nodes, got {tree}.")
-        top_k = DEFAULT_TOP_K
-        return DynamicTree(num_nodes=min(tree, top_k + (depth - 1) * top_k**2), depth=depth, top_k=top_k)
+        return DynamicTree.at_most(tree, depth, DEFAULT_TOP_K)
     if isinstance(tree, DynamicTree):
         return tree if tree.depth is not None else DynamicTree(tree.num_nodes, depth, tree.top_k)
     raise ValueError(

@@ -16,8 +16,6 @@ exactly (`acceptance.sample_accept_tree`).
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal
@@ -28,7 +26,6 @@ from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.eagle import EagleHeads
 from hf_specdec.trees.dynamic import DynamicTree
-from hf_specdec.trees.lookup_graft import graft_chains
 from hf_specdec.trees.masks import chain_structure
 
 
@@ -111,7 +108,7 @@ class EagleDrafter:
         (at least one)."""
         assert self.seq is not None and self.features is not None and self.tokens is not None
         assert self.count is not None and self.start_position is not None
-        spec = self._spec(max_tokens)
+        spec = self.tree.within(max_tokens)
         rows, width = self.tokens.shape
         offsets = torch.arange(width, device=self.device)
         last_position = buffer.max_length - 1
@@ -155,20 +152,8 @@ class EagleDrafter:
         nodes, trees, _ = grown.select(spec.num_nodes)
         looked_up = False
         if self.prompt_lookup is not None:
-            chain = self.prompt_lookup.draft_chain(buffer, next_position, costs, max_tokens)
-            assert chain.lengths is not None
-            nodes, trees = graft_chains(nodes, trees, chain.tokens, chain.lengths)
-            looked_up = chain.looked_up
+            nodes, trees, looked_up = self.prompt_lookup.graft(nodes, trees, buffer, next_position, costs, max_tokens)
         return Proposal(nodes, trees, forwards=len(grown.frontiers), looked_up=looked_up)
-
-    def _spec(self, max_tokens: int) -> DynamicTree:
-        """The tree to grow this step: no deeper than `max_tokens` (at least one)."""
-        assert self.tree.depth is not None
-        depth = max(1, min(self.tree.depth, max_tokens))
-        if depth == self.tree.depth:
-            return self.tree
-        spec = DynamicTree(num_nodes=1, depth=depth, top_k=self.tree.top_k)
-        return dataclasses.replace(spec, num_nodes=min(self.tree.num_nodes, spec.max_nodes))
 
     def commit(self, accepted: Accepted) -> None:
         """Drop the drafted nodes' entries; the accepted path's nodes become pending, with the base's features."""

@@ -70,6 +70,18 @@ class DynamicTree:
             raise ValueError("A DynamicTree without a depth has no size limit yet.")
         return self.top_k + (self.depth - 1) * self.top_k**2
 
+    @classmethod
+    def at_most(cls, num_nodes: int, depth: int, top_k: int) -> DynamicTree:
+        """A tree of `num_nodes` nodes, or of as many as `depth` and `top_k` can grow when that is fewer."""
+        return cls(num_nodes=min(num_nodes, top_k + (depth - 1) * top_k**2), depth=depth, top_k=top_k)
+
+    def within(self, max_tokens: int) -> DynamicTree:
+        """This tree (with its depth set) no deeper than `max_tokens` (at least one): the room a step has left."""
+        if self.depth is None:
+            raise ValueError("Give the DynamicTree a depth before cutting it.")
+        depth = max(1, min(self.depth, max_tokens))
+        return self if depth == self.depth else DynamicTree.at_most(self.num_nodes, depth, self.top_k)
+
     def grow(
         self, root: torch.Tensor, expand: Expander, to_token_ids: Callable[[torch.Tensor], torch.Tensor]
     ) -> tuple[torch.Tensor, RowTrees]:
