@@ -9,7 +9,7 @@ import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.generation.cost_model import SpeculationGate
-from hf_specdec.medusa.eagle import EagleHeads, eagle_tree, unrolled_visibility
+from hf_specdec.medusa.eagle import EagleHeads, drop_final_norm, eagle_tree, unrolled_visibility
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
 from tests.test_medusa import _fit_heads, _generate
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
@@ -132,6 +132,28 @@ def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
     out = _generate(model, ids, mask, medusa=True, tree=8, return_dict_in_generate=True, speculative_costs=FREE)
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["tau"] > 2.5, out.speculative.summary()
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_the_head_leaves_its_decoder_unnormalised(arch: str) -> None:
+    """EAGLE-1's layout: no final norm, so the output's scale is the decoder's to learn (see drop_final_norm)."""
+    decoder = _eagle(arch).heads.decoder
+    outside_layers = [
+        name
+        for name, module in decoder.named_modules()
+        if "norm" in type(module).__name__.lower() and not any(part.isdigit() for part in name.split("."))
+    ]
+    assert outside_layers == []
+    inputs = torch.randn(1, 4, decoder.config.hidden_size)
+    with torch.no_grad():
+        small, large = (decoder(inputs_embeds=x).last_hidden_state for x in (inputs, 10 * inputs))
+    assert large.norm() > 5 * small.norm()  # a final norm would make them the same size
+
+
+def test_a_decoder_without_one_final_norm_is_refused() -> None:
+    decoder = _eagle("llama").heads.decoder
+    with pytest.raises(ValueError, match="final norm"):
+        drop_final_norm(decoder)  # already dropped: no norm left outside the layers
 
 
 def test_training_reports_the_feature_loss_and_trains_only_the_head() -> None:
