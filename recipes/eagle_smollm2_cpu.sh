@@ -12,7 +12,7 @@ pick=(--min-prompt-chars 20 --max-prompt-chars 400 --min-ascii 0.97)
 python "$(dirname "$0")/train_medusa.py" --base smollm2-135m --dtype float32 \
     --data "$data/prompts.jsonl" --self_distill --distill_max_new_tokens 128 --distill_batch_size 32 \
     --cache_hidden_states --head_type eagle --num_heads 4 --head_vocab_size 8192 --max_length 320 \
-    --output_dir "$out" --num_train_epochs 4 --per_device_train_batch_size 8 --learning_rate 2e-3 \
+    --output_dir "$out" --num_train_epochs 4 --per_device_train_batch_size 8 --learning_rate 1e-3 \
     --warmup_steps 20 --lr_scheduler_type cosine --use_cpu --save_strategy no --report_to none \
-    --eval_fraction 0.05 --logging_steps 20
+    --eval_fraction 0.05 --logging_steps 20 --feature_weight 0
 echo "Heads in $out. Measure them: hf-specdec bench --target smollm2-135m --draft none --medusa $out --methods plain,medusa-16"

@@ -235,6 +235,7 @@ def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> N
     )  # fmt: skip
     config = json.loads((out / "medusa_config.json").read_text())
     assert config["head_type"] == "eagle" and len(config["measured_top1"]) == 3
+    assert config["tree"] is None  # EAGLE heads grow their trees: no static one is written for them
     assert config["extra"]["training_config"]["feature_weight"] == 0.5 and config["intermediate_size"] == 24
     model = MedusaForCausalLM.from_pretrained(out)
     assert model.heads.decoder.config.intermediate_size == 24

@@ -5,7 +5,8 @@ Medusa's and recurrent heads guess from the base's hidden state at one position.
 sequence of the base's features, with its own attention and KV cache, and one token ahead of them:
 
     x_t      = fc([n_e(e(token_{t+1})); n_f(f_t)])    f_t: the base's last hidden state at t; e: its embeddings
-    f'_{t+1} = Decoder(x_0 .. x_t)_t                   a decoder of the base's own architecture (one layer)
+    f'_{t+1} = Decoder(x_0 .. x_t)_t                   a decoder of the base's own architecture (one layer), its
+                                                       final norm removed, as in EAGLE-1 (`drop_final_norm`)
     logits   = W f'_{t+1}                               the base's lm_head (a draft vocabulary's rows) or an own one
 
 `n_e` and `n_f` are RMS norms with learnt scales, as in EAGLE-3: a model's embeddings are orders of magnitude

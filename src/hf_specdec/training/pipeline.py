@@ -235,7 +235,8 @@ def train_medusa(
         accuracy = rank_accuracies(metrics, medusa_config.num_heads)
         medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(medusa_config.num_heads)]
         medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in accuracy]
-        medusa_config.tree = [list(path) for path in build_tree(accuracy, config.tree_nodes).choices]
+        if medusa_config.head_type != "eagle":  # EAGLE heads grow their trees per row and step
+            medusa_config.tree = [list(path) for path in build_tree(accuracy, config.tree_nodes).choices]
         medusa_config.extra.update(
             training_data=config.data,
             self_distilled=config.self_distill,
