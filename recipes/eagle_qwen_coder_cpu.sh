@@ -4,7 +4,7 @@
 # kept from the generation, one decoder layer trained unrolled to 4 depths over a 16k draft vocabulary, with soft
 # targets, lr 6e-4 and no feature loss (the best of session 12's short comparisons, docs/training.md). Its MLP is
 # narrowed to 2,240: a training step then takes about a third of the full width's (timed on a random batch). Not yet
-# run in full: on 768 of the requests, self-distillation took 27 min (machine shared) and 3 epochs of training 36.
+# run in full: on 768 of the requests, self-distillation took 27 min (machine shared) and 3 epochs of training 36 min.
 # Rerun with the same OUTPUT_DIR to resume: the data files and self-distilled shards are reused.
 #   bash recipes/eagle_qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail
