@@ -9,7 +9,14 @@ import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.generation.cost_model import SpeculationGate
-from hf_specdec.medusa.eagle import EagleHeads, drop_final_norm, eagle_tree, unrolled_visibility
+from hf_specdec.medusa.eagle import (
+    EagleHeads,
+    chain_starts,
+    context_visibility,
+    drop_final_norm,
+    eagle_tree,
+    unrolled_visibility,
+)
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
 from tests.test_medusa import _fit_heads, _generate
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
@@ -113,12 +120,37 @@ def test_every_node_gets_the_candidates_of_its_own_path(plain_every: int, monkey
 
 def test_unrolled_depths_see_their_chain_only() -> None:
     valid = torch.tensor([[True, True, True, True, False]])
-    seen = unrolled_visibility(valid, 2)[0]  # (5 queries, 3 depths x 5 keys)
-    # Entry 3 of depth 2 drafts from the real features up to 1: it sees keys 0-1 of depth 0, key 2 of depth 1 and
-    # itself at depth 2.
-    assert seen[3].nonzero().flatten().tolist() == [0, 1, 5 + 2, 10 + 3]
+    starts, slots = chain_starts(torch.ones_like(valid))  # every position starts a chain
+    live = [slots & (starts + d < 5) for d in range(3)]
+    seen = unrolled_visibility(valid, starts, live)[0]  # (5 chains, 5 keys of depth 0 + 2 depths x 5 chains)
+    # The chain from position 1, at depth 2 (it stands for position 3), drafts from the real features up to 1: it
+    # sees keys 0-1 of depth 0, its own entry of depth 1 and itself.
+    assert seen[1].nonzero().flatten().tolist() == [0, 1, 5 + 1, 10 + 1]
     assert not seen[:, 4].any()  # padding is never a key of depth 0
-    assert bool(unrolled_visibility(valid, 0)[0].diagonal().all())  # every query sees itself: no NaN
+    assert not seen[3, :5].any() and seen[3, 10 + 3]  # past the end: no context, but itself (no NaN)
+    assert bool(context_visibility(valid)[0].diagonal().all())  # every query of depth 0 sees itself
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_unrolling_only_the_needed_chains_changes_none_of_their_features(arch: str) -> None:
+    """Training unrolls the later depths only from labelled positions: their features are those of the whole
+    unroll, on ragged rows."""
+    model = _eagle(arch)
+    heads = model.heads
+    ids, mask = ragged_batch(3, seed=5)
+    with torch.no_grad():
+        hidden = model.base(ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        embeddings = model.base.get_input_embeddings()
+        everything = heads.unroll(hidden, ids, embeddings, mask, depth=3)
+        needed = torch.zeros_like(mask, dtype=torch.bool)
+        needed[0, 4:7] = needed[1, -3:] = needed[2, 7] = True
+        needed[2, -1] = True  # a chain with no room for later depths
+        some = heads.unroll(hidden, ids, embeddings, mask, depth=3, needed=needed)
+    for depth, (full, part) in enumerate(zip(everything, some, strict=True)):
+        torch.testing.assert_close(part[needed], full[needed], rtol=1e-5, atol=1e-5)
+        assert depth == 0 or not part[~needed].any()  # the later depths ran only the needed chains
+    assert not some[1][2, -1].any()  # past the end: zeros, as in the whole unroll
+    assert some[1][needed].abs().sum() > 0
 
 
 def test_heads_that_are_right_accept_long_paths_and_keep_identity() -> None:
@@ -178,6 +210,20 @@ def test_save_and_load_round_trip(tmp_path) -> None:
     ids, mask = ragged_batch(2, seed=3)
     kwargs = {"medusa": True, "speculative_costs": FREE}
     assert torch.equal(_generate(loaded, ids, mask, **kwargs), _generate(model, ids, mask, **kwargs))
+
+
+def test_heads_saved_with_a_final_norm_are_refused_with_what_to_do(tmp_path) -> None:
+    """EAGLE heads saved before the decoder lost its final norm carry its weight: loading says to retrain."""
+    from safetensors.torch import load_file, save_file
+
+    model = _eagle("llama", num_layers=1)
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "medusa_heads.safetensors"
+    state = load_file(weights)
+    state["decoder.norm.weight"] = torch.ones(model.base.config.hidden_size)
+    save_file(state, weights)
+    with pytest.raises(ValueError, match=r"unexpected.*decoder\.norm\.weight.*retrain them"):
+        MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base)
 
 
 def test_prompt_lookup_grafted_on_eagle_trees_keeps_plain_greedy() -> None:

@@ -173,7 +173,8 @@ def medusa_objective(
     if heads.attends:
         if embeddings is None or input_ids is None:
             raise ValueError("EAGLE heads read the sequences: pass `input_ids` and the base's input embeddings.")
-        features = [f[keep] for f in heads.unroll(hidden, input_ids, embeddings, attention_mask, depth)]  # (M, H)
+        unrolled = heads.unroll(hidden, input_ids, embeddings, attention_mask, depth, needed=keep)
+        features = [f[keep] for f in unrolled]  # (M, H)
         logits = [heads.project(f, lm_head) for f in features]
     else:
         logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)

@@ -232,8 +232,15 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         model.heads.to(device=base_model.device, dtype=heads_dtype or base_model.dtype)
         missing, unexpected = model.heads.load_state_dict(state, strict=False)
         if missing or unexpected:
+            hint = ""
+            if config.head_type == "eagle" and not missing and all(k.startswith("decoder.") for k in unexpected):
+                hint = (
+                    " These EAGLE heads were saved with a final norm in their decoder, which the library's EAGLE "
+                    "heads no longer have (`hf_specdec.medusa.eagle.drop_final_norm`): retrain them with the "
+                    "current recipe (docs/training.md)."
+                )
             raise ValueError(
-                f"The heads' weights do not match their config: missing {missing}, unexpected {unexpected}."
+                f"The heads' weights do not match their config: missing {missing}, unexpected {unexpected}.{hint}"
             )
         return model
 
