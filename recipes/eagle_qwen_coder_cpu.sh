@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # EAGLE heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go: the data of qwen_coder_cpu.sh
-# (1,490 ShareGPT V3 requests: maths, code, chat), replies self-distilled by the base with their hidden states
+# (1,000 ShareGPT V3 requests, two thirds of its 1,490, in its proportions: maths, code, chat), replies self-distilled
+# by the base with their hidden states
 # kept from the generation, one decoder layer trained unrolled to 4 depths over a 16k draft vocabulary, with soft
 # targets, lr 6e-4 and no feature loss (the best of session 12's short comparisons, docs/training.md). Its MLP is
 # narrowed to 2,240: a training step then takes about a third of the full width's (timed on a random batch). Not yet
@@ -12,14 +13,14 @@ out=${1:-heads/qwen15-eagle}
 data=$out/data
 mkdir -p "$data"
 pick=(--min-prompt-chars 20 --max-prompt-chars 400 --min-ascii 0.97)
-[ -s "$data/maths.jsonl" ] || hf-specdec data --topic maths --n 290 "${pick[@]}" --out "$data/maths.jsonl"
-[ -s "$data/code.jsonl" ] || hf-specdec data --topic code --n 900 "${pick[@]}" --out "$data/code.jsonl"
-[ -s "$data/chat.jsonl" ] || hf-specdec data --topic other --n 300 "${pick[@]}" --out "$data/chat.jsonl"
+[ -s "$data/maths.jsonl" ] || hf-specdec data --topic maths --n 195 "${pick[@]}" --out "$data/maths.jsonl"
+[ -s "$data/code.jsonl" ] || hf-specdec data --topic code --n 604 "${pick[@]}" --out "$data/code.jsonl"
+[ -s "$data/chat.jsonl" ] || hf-specdec data --topic other --n 201 "${pick[@]}" --out "$data/chat.jsonl"
 python "$(dirname "$0")/train_medusa.py" --base qwen2.5-coder-1.5b --dtype bfloat16 \
     --data "$data/maths.jsonl,$data/code.jsonl,$data/chat.jsonl" --self_distill --distill_max_new_tokens 128 \
     --distill_batch_size 64 --cache_hidden_states --soft_targets --head_type eagle --num_heads 4 \
     --head_intermediate_size 2240 --head_vocab_size 16384 --max_length 288 --output_dir "$out" --feature_weight 0 \
-    --num_train_epochs 2 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 10 \
+    --num_train_epochs 3 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 10 \
     --lr_scheduler_type cosine --bf16 --use_cpu --save_strategy no --report_to none --eval_fraction 0.05 \
     --logging_steps 20
 echo "Heads in $out. Measure them: hf-specdec bench --draft none --medusa $out --methods plain,medusa-16,medusa-16-lookup"
