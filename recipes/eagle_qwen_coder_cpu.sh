@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # EAGLE heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go: the data of qwen_coder_cpu.sh
 # (1,000 ShareGPT V3 requests, two thirds of its 1,490, in its proportions: maths, code, chat), replies self-distilled
-# by the base with their hidden states
-# kept from the generation, one decoder layer trained unrolled to 4 depths over a 16k draft vocabulary, with soft
-# targets, lr 6e-4 and no feature loss (the best of session 12's short comparisons, docs/training.md). Its MLP is
-# narrowed to 2,240: a training step then takes about a third of the full width's (timed on a random batch). Not yet
-# run in full: on 768 of the requests, self-distillation took 27 min (machine shared) and 3 epochs of training 36 min.
+# by the base with their hidden states kept from the generation, one decoder layer trained unrolled to 4 depths over a
+# 16k draft vocabulary, with soft targets, lr 6e-4 and no feature loss (the best of session 12's short comparisons,
+# docs/training.md). Its MLP is narrowed to 2,240: a training step then takes about a third of the full width's (timed
+# on a random batch). From scratch on a 2-core CPU: 44 min 19 s (self-distillation 21 min 34 s, 3 epochs of training
+# 22 min 4 s; docs/training.md, session 13).
 # Rerun with the same OUTPUT_DIR to resume: the data files and self-distilled shards are reused.
 #   bash recipes/eagle_qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail
