@@ -72,7 +72,10 @@ def _lay_out_snapshot(cache: Path, repo_id: str, commit: str, files: dict[str, b
         (repo / "refs" / ref).write_text(commit)
 
 
-def test_recipe_publishes_card_config_heads_and_metrics_and_they_load_back(tmp_path: Path, hub: HubRecorder) -> None:
+@pytest.mark.parametrize("head_type", ["medusa", "eagle"])
+def test_recipe_publishes_card_config_heads_and_metrics_and_they_load_back(
+    tmp_path: Path, hub: HubRecorder, head_type: str
+) -> None:
     base_dir = tmp_path / "base"
     tiny_model("llama", seed=0).save_pretrained(base_dir)
     tiny_tokenizer().save_pretrained(base_dir)
@@ -84,7 +87,7 @@ def test_recipe_publishes_card_config_heads_and_metrics_and_they_load_back(tmp_p
             "--base", str(base_dir), "--data", str(data), "--num_heads", "2", "--share_lm_head", "false",
             "--cache_hidden_states", "--eval_fraction", "0.25", "--output_dir", str(out), "--max_steps", "3",
             "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
-            "--push_to_hub", "--hub_model_id", REPO, "--hub_private_repo", "true",
+            "--push_to_hub", "--hub_model_id", REPO, "--hub_private_repo", "true", "--head_type", head_type,
         ]
     )  # fmt: skip
     assert [repo for repo, _ in hub.repos] == [REPO] and hub.repos[0][1]["private"] is True
@@ -96,7 +99,7 @@ def test_recipe_publishes_card_config_heads_and_metrics_and_they_load_back(tmp_p
 
     card = ModelCard(files["README.md"].decode())
     assert card.data.library_name == "hf_specdec"
-    assert {"medusa", "speculative-decoding"} <= set(card.data.tags)
+    assert {"medusa", "speculative-decoding", head_type} <= set(card.data.tags)
     assert card.data.base_model is None  # a local folder is not Hub metadata
     assert "Model Card for Model ID" not in card.text
     assert "python recipes/train_medusa.py --base" in card.text and "--push_to_hub" in card.text
@@ -112,7 +115,7 @@ def test_recipe_publishes_card_config_heads_and_metrics_and_they_load_back(tmp_p
     loaded = MedusaForCausalLM.from_pretrained(
         REPO, base_model=tiny_model("llama", seed=0), cache_dir=cache, local_files_only=True
     )
-    assert loaded.config.measured_top1 == config["measured_top1"]
+    assert loaded.config.head_type == head_type and loaded.config.measured_top1 == config["measured_top1"]
     assert (
         loaded.config.tree == config["tree"] and loaded.config.extra["expected_tau"] == config["extra"]["expected_tau"]
     )
