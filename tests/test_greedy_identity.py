@@ -47,6 +47,27 @@ def test_matches_plain_greedy(arch: str, batch: int, kind: str) -> None:
         assert summary["acceptance_rate"] < 0.5
 
 
+def test_a_dynamically_quantised_draft_keeps_plain_greedy() -> None:
+    """A draft whose linear layers (its lm_head included) are int8 with `torch.ao`'s dynamic quantisation, where
+    `weight` is a method: it drafts as any draft does, and the output is plain greedy's."""
+    import warnings
+
+    target = tiny_target("llama")
+    draft = copy.deepcopy(target)  # its twin: rounded to int8, still right most of the time
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's quantised tensors are deprecated in favour of torchao
+        draft = torch.ao.quantization.quantize_dynamic(draft, {torch.nn.Linear}, dtype=torch.qint8)
+    assert callable(draft.get_output_embeddings().weight)
+    ids, mask = ragged_batch(3, seed=4)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant=draft,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.summary()["acceptance_rate"] > 0.5
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_rows_stop_at_their_own_eos(arch: str) -> None:
     """Pick as EOS a token that plain greedy emits mid-generation in one row only: that row stops early,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
@@ -15,10 +16,16 @@ _RECURRENT_MODEL_TYPES = {"rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba"}
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
-    """Number of logits the model produces per position."""
+    """Number of logits the model produces per position: the output projection's width (`out_features`, which
+    quantised linear layers keep too, where `weight` becomes a method), else its weight's rows, else the config's
+    vocabulary."""
     embeddings = model.get_output_embeddings()
-    if embeddings is not None and hasattr(embeddings, "weight"):
-        return int(embeddings.weight.shape[0])
+    size = getattr(embeddings, "out_features", None)
+    if isinstance(size, int):
+        return size
+    weight = getattr(embeddings, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
