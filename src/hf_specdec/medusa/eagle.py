@@ -31,7 +31,7 @@ from transformers import AutoModel, DynamicCache, PretrainedConfig, PreTrainedMo
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.medusa.labels import values_after
 from hf_specdec.trees.dynamic import DynamicTree, Expander
-from hf_specdec.trees.masks import to_additive
+from hf_specdec.trees.masks import chain_structure, to_additive
 from hf_specdec.trees.static import DraftTree
 
 # The tree EAGLE heads grow by default, or when `tree=` gives only its size: children per expanded node, and
@@ -266,8 +266,7 @@ def context_visibility(valid: torch.Tensor) -> torch.Tensor:
     """Which keys the queries of unrolled depth 0 see `(batch, seq, seq)`: the real positions up to their own,
     as the base's causal attention does. A padding query still sees itself, so attention never produces NaN."""
     length = valid.shape[1]
-    order = torch.arange(length, device=valid.device)
-    causal = order[None, :] <= order[:, None]
+    causal = chain_structure(length, valid.device)
     return (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=valid.device)[None]
 
 
