@@ -119,10 +119,10 @@ class VocabularyRows:
         """`(weight, bias)` of `lm_head` restricted to `token_ids` (all rows when `None`), in `dtype` (default:
         the weights' own)."""
         weight, bias = getattr(lm_head, "weight", None), getattr(lm_head, "bias", None)
-        if weight is None or weight.dim() != 2 or weight.device.type == "meta":
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.device.type == "meta":
             raise ValueError(
                 f"A draft vocabulary needs the output layer's weights, loaded, as a linear projection; "
-                f"{type(lm_head).__name__} has none here (not linear, or offloaded)."
+                f"{type(lm_head).__name__} has none here (not linear, quantised, or offloaded)."
             )
         ids = None if token_ids is None else token_ids.to(weight.device)
         dtype = weight.dtype if dtype is None else dtype
