@@ -9,6 +9,7 @@ import torch
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.generation.cost_model import CostModel, SpeculationGate
+from hf_specdec.generation.draft_length import DraftLengthPolicy
 from tests.tiny_models import ragged_batch, tiny_model
 
 
@@ -57,7 +58,11 @@ def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     assert not first.speculate(4) and first.plain_steps == 1  # no plain step of 4 rows measured yet
     costs.observe_plain(0.22, 4)
     assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
-    losing, close, winning = SpeculationGate(costs), SpeculationGate(costs), SpeculationGate(costs)
+    # Each gate keeps its running gain in its own cost model (one per decoding call).
+    models = [CostModel(draft_forward=0.0) for _ in range(3)]
+    for model in models:
+        model.observe_plain(0.22, 4)
+    losing, close, winning = (SpeculationGate(model) for model in models)
     losing.observe(1.5, 0.46, 0, 4, 5, 0.36)
     assert not losing.speculate(4)
     close.observe(1.8, 0.46, 0, 4, 5, 0.36)
@@ -80,6 +85,37 @@ def test_fixed_costs_measure_nothing() -> None:
     gate = SpeculationGate(CostModel(fixed=SpeculativeCosts(0.1, 0.01)))
     gate.observe(3.0, seconds=9.0, draft_forwards=2, rows=2, verified_per_row=3, verify_seconds=5.0)
     assert all(gate.speculate(rows) for rows in (1, 2, 3))
+
+
+def test_one_more_draft_must_beat_the_rate_recent_steps_brought() -> None:
+    """The threshold a drafted token's expected gain must reach is its cost times the tokens per plain step that
+    recent speculative steps brought (at least 1: what a plain step brings), not the cost alone."""
+    costs = CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05))
+    assert costs.rate == 1.0 and costs.draft_threshold(2) == pytest.approx(0.4)  # before any step: break-even
+    costs.observe_step(gained=5.0, cost=2.5)
+    assert costs.rate == pytest.approx(2.0)
+    assert costs.draft_threshold(2) == pytest.approx(0.8) and costs.verify_threshold(2) == pytest.approx(0.2)
+    costs.observe_step(gained=1.0, cost=2.0)  # running means, the newest step weighing 0.3
+    assert costs.rate == pytest.approx((5.0 - 0.3 * 4.0) / (2.5 - 0.3 * 0.5))
+    losing = CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.0))
+    losing.observe_step(gained=1.0, cost=2.0)
+    assert losing.step_rate == pytest.approx(0.5) and losing.rate == 1.0  # never below plain decoding's
+
+
+def test_a_chain_stops_sooner_when_steps_already_bring_more_per_second() -> None:
+    """The draft is 80% sure at every position and a draft forward costs 0.3 plain steps: after k drafts, one
+    more is expected to bring 0.8 ** (k + 1) tokens. At break-even drafting stops after 5 (0.8 ** 6 < 0.3); when
+    recent steps brought 2 tokens per plain step, after 2 (0.8 ** 3 < 0.6)."""
+
+    def drafted(policy: DraftLengthPolicy) -> int:
+        policy.start_step()
+        confidence = torch.tensor([[0.8, 0.2]])
+        return next(k for k in range(1, 9) if policy.should_stop(confidence) or k == 8)
+
+    policy = DraftLengthPolicy(num_tokens=8, costs=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.0))
+    assert drafted(policy) == 5
+    policy.cost_model.observe_step(gained=5.0, cost=2.5)
+    assert drafted(policy) == 2
 
 
 # Drafting never pays on this synthetic machine: a draft forward costs a whole target forward, and every

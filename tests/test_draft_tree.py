@@ -11,6 +11,8 @@ import torch
 
 import hf_specdec
 from hf_specdec import DynamicTree, SpeculativeCosts
+from hf_specdec.drafters.draft_tree import nodes_worth_verifying
+from hf_specdec.trees.dynamic import GrownPool
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
     ALPHA,
@@ -133,3 +135,46 @@ def test_the_tree_stops_growing_where_a_depth_does_not_pay() -> None:
         depths.append(int(stats.drafted_tokens[0]) / max(drafting_steps, 1))
     assert depths[0] > 3.5, depths  # the whole depth, but near the length limit
     assert depths[1] < depths[0] - 1.0, depths
+
+
+def test_nodes_worth_verifying_pay_for_their_verification() -> None:
+    """Path probabilities, best first: row 0 0.9, 0.5, 0.2, 0.05; row 1 0.8, 0.1, 0.1 and a node ruled out. Both
+    rows verify one width, which grows while the next node brings the least advanced rows at least the cost."""
+    probs = torch.tensor([[1.0, 0.2, 0.9, 0.05, 0.5], [1.0, 0.1, 0.0, 0.8, 0.1]])  # the root first, pool order
+    scores = probs.log()
+    both, second = torch.tensor([True, True]), torch.tensor([False, True])
+    assert nodes_worth_verifying(scores, 4, both, 0.1) == 3  # mean gains 0.85, 0.3, 0.15, 0.025
+    assert nodes_worth_verifying(scores, 4, both, 0.5) == 1
+    assert nodes_worth_verifying(scores, 4, both, 0.01) == 4
+    assert nodes_worth_verifying(scores, 2, both, 0.01) == 2  # never more than asked for
+    assert nodes_worth_verifying(scores, 4, both, 0.0) == 4  # free verification: every node
+    assert nodes_worth_verifying(scores, 4, both, 2.0) == 1  # at least one
+    assert nodes_worth_verifying(scores, 4, second, 0.09) == 3  # only row 1's gains count
+
+
+def test_a_tree_verifies_fewer_nodes_where_verification_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With free verification the tree verifies all its nodes; when each verified token costs a tenth of a target
+    forward, only the nodes likely enough to pay for it (plain greedy's tokens either way)."""
+    widths: list[int] = []
+    select = GrownPool.select
+
+    def recording(self: GrownPool, num_nodes: int) -> tuple:
+        widths.append(num_nodes)
+        return select(self, num_nodes)
+
+    monkeypatch.setattr(GrownPool, "select", recording)
+    target = tiny_target("llama")
+    draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(2, seed=6)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 24, "do_sample": False}
+    plain = target.generate(**kwargs)
+    tree = DynamicTree(num_nodes=10, depth=4, top_k=3)
+    runs = []
+    for costs in (SpeculativeCosts(0.0, 0.0), SpeculativeCosts(0.0, 0.1)):
+        widths.clear()
+        out = target.generate(**kwargs, assistant=draft, tree=tree, speculative_costs=costs)
+        assert torch.equal(out, plain)
+        runs.append(list(widths))
+    free, costly = (sum(run) / len(run) for run in runs)
+    assert free > 9.0, runs  # the whole tree, but where the length limit leaves less room
+    assert max(runs[1]) < 10 and costly < free - 2.0, runs

@@ -121,7 +121,12 @@ class DraftTreeDrafter(DraftModelDrafter):
             return state.log_probs(self.processors, buffer, logits)
 
         grown = spec.grow_pool(last_token, expand, lambda ids: ids, growth_rule(costs, buffer.lagging, rows))
-        nodes, trees, chosen = grown.select(spec.num_nodes)
+        num_nodes = spec.num_nodes
+        if costs.may_stop:  # the adaptive schedule: verify only the nodes that pay for their verification
+            num_nodes = nodes_worth_verifying(
+                grown.scores, num_nodes, buffer.lagging, costs.cost_model.verify_threshold(rows)
+            )
+        nodes, trees, chosen = grown.select(num_nodes)
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
         self._fed = self._pending_width + fed_pool.shape[1]
         self._fed_pool, self._chosen, self._nodes = fed_pool, chosen, nodes
@@ -159,7 +164,7 @@ def growth_rule(costs: DraftLengthPolicy, lagging: torch.Tensor, rows: int) -> G
     draft forward) is expected to bring the chance that the accepted path reaches the new frontier times the
     chance it goes one further, taken as the ratio of the two latest frontiers' reach; averaged over the least
     advanced rows (whose gains count: `TokenBuffer.lagging`), it must pay for a draft forward and one more
-    verified token per row."""
+    verified token per row at the rate recent steps brought (`CostModel.draft_threshold`)."""
     if not costs.may_stop:
         return None
 
@@ -167,9 +172,23 @@ def growth_rule(costs: DraftLengthPolicy, lagging: torch.Tensor, rows: int) -> G
         reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
         ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
         gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
-        return gain >= costs.cost_model.extra_draft(rows)
+        return gain >= costs.cost_model.draft_threshold(rows)
 
     return keep_growing
+
+
+def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: torch.Tensor, cost: float) -> int:
+    """How many of a grown pool's best nodes to verify, at most `num_nodes` and at least one: every row verifies
+    the same number (the trees are padded to one width, and padding costs as much as nodes), so the count grows
+    while the next node is expected to bring, averaged over the least advanced rows (whose gains count), at least
+    `cost` tokens (`CostModel.verify_threshold`). A node brings a token when its whole path is accepted, which
+    its score estimates (the draft's probability of the path, `scores` `(A, pool)`, the root first)."""
+    count = min(num_nodes, scores.shape[1] - 1)
+    if cost <= 0.0 or count <= 1:
+        return max(count, 1)
+    best = scores[:, 1:].topk(count, dim=1).values.exp()  # (A, count) path probabilities, best first
+    gains = best[lagging].mean(dim=0)  # (count,) non-increasing: a mean of non-increasing rows
+    return max(int((gains >= cost).sum()), 1)
 
 
 class FrontierAncestry:
@@ -247,8 +266,19 @@ class _Growth:
                 scores[shown, f] = processors(
                     buffer, buffer.active[shown], lengths[shown] + self.depth, logits[shown, f][:, None]
                 )[:, 0]
-        scores = scores.masked_fill(~self.alive[..., None] | torch.isnan(scores), float("-inf"))
-        none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)  # -inf or nan everywhere
-        log_probs = torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))
+        # One pass over the vocabulary for the usual node; a nan anywhere in a node's scores, or nothing left to
+        # propose, makes its whole row nan, and those nodes (and the ruled-out ones) are redone with care.
+        log_probs = torch.log_softmax(scores, dim=-1)
+        odd = ~self.alive | torch.isnan(log_probs[..., 0])  # (A, F)
+        if bool(odd.any()):
+            log_probs[odd] = _careful_log_softmax(scores[odd], self.alive[odd])
         self.last_log_probs = log_probs
         return log_probs
+
+
+def _careful_log_softmax(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities `(N, V)` of scores with nans (never proposed), of nodes ruled out (`alive` False: -inf
+    everywhere) and of nodes whose scores leave nothing (-inf everywhere)."""
+    scores = scores.masked_fill(~alive[:, None] | torch.isnan(scores), float("-inf"))
+    none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)
+    return torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))

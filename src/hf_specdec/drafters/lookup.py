@@ -141,7 +141,7 @@ class PromptLookupDrafter(ChainDrafter):
                 for (continuation, n), lags in zip(matches, lagging, strict=True)
                 if lags
             ]
-            width = shared_width(survivals, policy.cost_model.verify_per_token * rows.shape[0])
+            width = shared_width(survivals, policy.cost_model.verify_threshold(rows.shape[0]))
         found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]
         lengths = torch.tensor([f.numel() for f in found], dtype=torch.long)
         k = int(lengths.max()) if lengths.numel() else 0

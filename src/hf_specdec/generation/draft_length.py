@@ -10,18 +10,21 @@ Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_sche
   the probability that all drafts so far *and* the next one are accepted, which the draft's own
   confidence estimates (its top probability at each position, multiplied along the chain). It costs a
   draft forward, `c` target forwards, plus one more token per row to verify, `v` target forwards each
-  (a verification forward's time grows with rows x tokens once the hardware is busy). A target forward
-  is worth one token per row in plain decoding, so drafting goes on while the expected gain exceeds
-  `c + v * rows`; in a batch, the gain of the least advanced rows (averaged over them): the call ends with its
-  last row, so tokens for rows ahead of it barely shorten it. Both costs come from the loop's `CostModel`
-  (`hf_specdec.generation.cost_model`: measured while decoding, the draft's parameter share the first guess
-  of `c`, or fixed).
+  (a verification forward's time grows with rows x tokens once the hardware is busy). That time could go to
+  steps like the recent ones, which brought `rate` tokens per row per target forward's worth of time (at least
+  1, what plain decoding brings), so drafting goes on while the expected gain is at least `rate * (c + v *
+  rows)` (`CostModel.draft_threshold`: the rule that maximises tokens per second, see
+  `hf_specdec.generation.cost_model`); in a batch, the gain of the least advanced rows (averaged over them): the
+  call ends with its last row, so tokens for rows ahead of it barely shorten it. The costs and the rate come
+  from the loop's `CostModel` (measured while decoding, the draft's parameter share the first guess of `c`, or
+  fixed).
 
 Independently, `assistant_confidence_threshold` stops drafting once the draft's top probability falls
 below the threshold in every row (transformers' rule).
 
 Drafters with no confidence of their own (prompt lookup) use the same rule with the acceptance rate measured
-at each draft position in recent steps in place of the draft's confidence (`AcceptanceHistory`), and `c = 0`.
+at each draft position in recent steps in place of the draft's confidence (`AcceptanceHistory`), and `c = 0`
+(`CostModel.verify_threshold`).
 
 Measured costs make the draft lengths (and, with a draft model and prompt lookup together, the choice of
 drafter) depend on wall-clock timings; fixed ones (`SpeculativeCosts`) make them a function of the tokens alone.
@@ -121,7 +124,7 @@ class DraftLengthPolicy:
         self._survival = survival
         gains = survival * confidence  # (B,) of one more draft, in tokens
         expected_gain = float(gains.mean() if self._lagging is None else gains[self._lagging].mean())
-        return expected_gain < self.cost_model.extra_draft(confidence.numel())
+        return expected_gain < self.cost_model.draft_threshold(confidence.numel())
 
     def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
         """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
@@ -194,7 +197,8 @@ def shared_width(survivals: list[list[float]], cost: float) -> int:
     earlier ones) with chance `survivals[b][j]` and every row is verified to the same width (shorter rows are
     padded, and padding costs as much as drafts): widen while one more position is expected to bring, averaged
     over the rows given (those whose gains count: the least advanced, see `TokenBuffer.lagging`), at least
-    `cost` tokens (`v * rows` plain steps per position, against one token per row per plain step)."""
+    `cost` tokens (`CostModel.verify_threshold`: `v * rows` plain steps per position, at the rate recent steps
+    brought)."""
     rows, width = max(len(survivals), 1), 0
     for position in range(max((len(curve) for curve in survivals), default=0)):
         gain = sum(curve[position] for curve in survivals if len(curve) > position) / rows
