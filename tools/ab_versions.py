@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,7 +49,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=6, help="prompts (MT-Bench, HumanEval, GSM8K in turn)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--methods", default="specdec,lookup,hybrid", help="of specdec, lookup, hybrid")
+    parser.add_argument(
+        "--methods", default="specdec,lookup,hybrid", help="of specdec, lookup, hybrid, tree16, tree24-d12"
+    )
     args = parser.parse_args()
 
     import hf_specdec
@@ -61,10 +64,13 @@ def main() -> None:
         draft, _ = load_model(args.draft, torch.bfloat16)
         tokenizer.padding_side = "left"
         base_class = type(target)
-        settings: dict[str, dict[str, Any]] = {
-            "specdec": {"assistant": draft},
-            "lookup": {"prompt_lookup_num_tokens": 10},
-            "hybrid": {"assistant": draft, "prompt_lookup_num_tokens": 10},
+        settings: dict[str, Callable[[ModuleType], dict[str, Any]]] = {
+            "specdec": lambda _: {"assistant": draft},
+            "lookup": lambda _: {"prompt_lookup_num_tokens": 10},
+            "hybrid": lambda _: {"assistant": draft, "prompt_lookup_num_tokens": 10},
+            "tree16": lambda _: {"assistant": draft, "tree": 16},
+            # each version's own DynamicTree class
+            "tree24-d12": lambda package: {"assistant": draft, "tree": package.DynamicTree(24, depth=12, top_k=2)},
         }
         runs = [("plain", "-")] + [(m, v) for m in args.methods.split(",") for v in ("old", "new")]
         seconds = dict.fromkeys(runs, 0.0)
@@ -77,8 +83,9 @@ def main() -> None:
             outputs = {}
             for method, version in order:
                 target.__class__ = base_class  # give the model the version's generate()
-                (old if version == "old" else hf_specdec).speculative(target)
-                kwargs = settings.get(method, {})
+                package = old if version == "old" else hf_specdec
+                package.speculative(target)
+                kwargs = settings[method](package) if method in settings else {}
                 began = time.perf_counter()
                 out = target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, **kwargs)
                 seconds[(method, version)] += time.perf_counter() - began
