@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -139,3 +140,15 @@ def test_draft_tree_methods_by_size_run_and_keep_identity() -> None:
     summary = result.summary()
     for name in names[1:]:
         assert summary[name]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}", (name, summary[name])
+
+
+def test_the_int8_draft_methods_run_and_keep_identity() -> None:
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    names = ["plain", "specdec-int8", "specdec-int8-lookup"]
+    methods = [method_by_name(n) for n in names]
+    assert all(m.needs_int8_draft for m in methods[1:])
+    result = run_benchmark(target, _tokenizer(), PROMPTS, methods, draft=draft, max_new_tokens=10)
+    summary = result.summary()
+    for name in names[1:]:
+        assert summary[name]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}", (name, summary[name])
+    assert draft.get_output_embeddings().weight.dtype == torch.float32  # the draft itself is untouched

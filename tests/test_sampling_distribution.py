@@ -206,6 +206,27 @@ def test_a_draft_vocabulary_keeps_the_target_distribution(mode: str) -> None:
     assert min(pvalues.values()) >= ALPHA, pvalues
 
 
+def test_a_quantised_draft_keeps_the_target_distribution() -> None:
+    """A draft whose linear layers are int8 (torch's dynamic quantisation): acceptance weighs the quantised
+    draft's own q, and the output follows the target's distribution."""
+    import copy
+    import warnings
+
+    target, draft = _models()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's quantised tensors are deprecated in favour of torchao
+        quantised = torch.ao.quantization.quantize_dynamic(copy.deepcopy(draft), {torch.nn.Linear}, dtype=torch.qint8)
+    assert callable(quantised.get_output_embeddings().weight)
+    sampling = {k: v for k, v in SAMPLING["plain"].items() if v is not None}
+    (samples,), stats = sample_copies(
+        target, (PROMPT_A,), NUM_SAMPLES, PAD, MAX_NEW, 4321, assistant=quantised, num_assistant_tokens=3,
+        num_assistant_tokens_schedule="constant", **sampling,
+    )  # fmt: skip
+    _check_acceptance(stats, 3)
+    pvalues = _pvalues(samples, _target_joint(PROMPT_A, "plain"))
+    assert min(pvalues.values()) >= ALPHA, pvalues
+
+
 def test_negative_control_draft_distribution_is_rejected() -> None:
     """The checks can tell the target's distribution from what a rule that keeps the draft's proposals
     would emit. The 1st token comes from the target's prefill, not from a speculative step, so the control

@@ -19,8 +19,9 @@ class Method:
 
     Attributes:
         name: short name used in tables, JSON and plots.
-        kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model and
-            `"{draft_vocab}"` by the benchmark's draft vocabulary (`hf_specdec.bench.vocabulary`).
+        kwargs: extra `generate()` arguments; `"{draft}"` values are replaced by the draft model,
+            `"{draft_vocab}"` by the benchmark's draft vocabulary (`hf_specdec.bench.vocabulary`) and
+            `"{draft_int8}"` by an int8 copy of the draft (`hf_specdec.bench.quantized`, CPU only).
         uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation with a draft model),
             `"hf-lookup"` (transformers' own prompt lookup), `"specdec"` (this library with a draft model),
             `"lookup"` (this library's prompt lookup) or `"medusa"` (this library's Medusa heads).
@@ -44,8 +45,17 @@ class Method:
     def needs_draft_vocab(self) -> bool:
         return "{draft_vocab}" in self.kwargs.values()
 
-    def generate_kwargs(self, draft: PreTrainedModel | None, draft_vocab: torch.Tensor | None = None) -> dict[str, Any]:
-        placeholders = {"{draft}": draft, "{draft_vocab}": draft_vocab}
+    @property
+    def needs_int8_draft(self) -> bool:
+        return "{draft_int8}" in self.kwargs.values()
+
+    def generate_kwargs(
+        self,
+        draft: PreTrainedModel | None,
+        draft_vocab: torch.Tensor | None = None,
+        draft_int8: PreTrainedModel | None = None,
+    ) -> dict[str, Any]:
+        placeholders = {"{draft}": draft, "{draft_vocab}": draft_vocab, "{draft_int8}": draft_int8}
         return {k: placeholders.get(v, v) if isinstance(v, str) else v for k, v in self.kwargs.items()}
 
 
@@ -63,6 +73,8 @@ METHODS: dict[str, Method] = {
         Method("specdec-vocab", "specdec", {"assistant": "{draft}", "assistant_vocab": "{draft_vocab}"}),
         Method("lookup", "lookup", {"prompt_lookup_num_tokens": 10}),
         Method("specdec-lookup", "specdec", {"assistant": "{draft}", "prompt_lookup_num_tokens": 10}),
+        Method("specdec-int8", "specdec", {"assistant": "{draft_int8}"}),
+        Method("specdec-int8-lookup", "specdec", {"assistant": "{draft_int8}", "prompt_lookup_num_tokens": 10}),
         Method("lookup-3", "lookup", {"prompt_lookup_num_tokens": 3}),
         Method("hf-lookup", "hf-lookup", {"prompt_lookup_num_tokens": 10}),
         Method("medusa", "medusa", {"medusa": True}),

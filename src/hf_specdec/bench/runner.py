@@ -78,8 +78,9 @@ def _run_method(
     generate_kwargs: dict[str, Any],
     medusa: Any = None,
     draft_vocab: torch.Tensor | None = None,
+    draft_int8: PreTrainedModel | None = None,
 ) -> tuple[torch.Tensor, float, Any, int | None]:
-    kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab)}
+    kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab, draft_int8)}
     speculative = method.uses in ("specdec", "lookup", "medusa")
     if speculative:
         kwargs["return_dict_in_generate"] = True
@@ -118,6 +119,7 @@ def run_benchmark(
     The first method must be `plain`: the others are compared to its outputs (greedy) and its speed.
     `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods; `draft_vocab` the draft
     vocabulary of the methods that restrict their draft's (built from ShareGPT V3 when they run and it is `None`).
+    The int8 draft of the `specdec-int8` methods is made from `draft` when they run (on a CPU only).
     """
     if not methods or methods[0].uses != "plain":
         raise ValueError("The first method must be plain generate(): the others are measured against it.")
@@ -127,6 +129,8 @@ def run_benchmark(
     runnable = []
     for method in methods:
         reason = method.skip_reason(batch_size, draft is not None, medusa is not None)
+        if reason is None and method.needs_int8_draft and target.device.type != "cpu":
+            reason = "the int8 draft (torch's dynamic quantisation) runs on CPUs only"
         if reason is None:
             runnable.append(method)
         else:
@@ -137,19 +141,28 @@ def run_benchmark(
         draft_vocab = sharegpt_draft_vocabulary(tokenizer)
     if draft_vocab is not None:
         result.settings["draft_vocab_size"] = draft_vocab.numel()
+    draft_int8 = None
+    if draft is not None and any(method.needs_int8_draft for method in runnable):
+        from hf_specdec.bench.quantized import int8_draft
+
+        draft_int8 = int8_draft(draft)
     eos = eos_token_ids(target)
     generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     warm = chat_inputs(tokenizer, [p.text for p in batches[0]])
     for method in runnable:  # warm-up: first calls pay for allocations and lazy initialisation
-        _run_method(method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4}, medusa, draft_vocab)
+        _run_method(
+            method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4}, medusa, draft_vocab, draft_int8
+        )
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
         outputs: dict[str, tuple] = {}
         for method in order:
             torch.manual_seed(seed + index)
-            outputs[method.name] = _run_method(method, target, draft, inputs, generate_kwargs, medusa, draft_vocab)
+            outputs[method.name] = _run_method(
+                method, target, draft, inputs, generate_kwargs, medusa, draft_vocab, draft_int8
+            )
         plain = outputs[runnable[0].name][0]
         for method in runnable:
             sequences, seconds, stats, peak = outputs[method.name]
