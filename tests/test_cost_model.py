@@ -97,6 +97,12 @@ def test_one_more_draft_must_beat_the_rate_recent_steps_brought() -> None:
     assert costs.draft_threshold(2) == pytest.approx(0.8) and costs.verify_threshold(2) == pytest.approx(0.2)
     costs.observe_step(gained=1.0, cost=2.0)  # running means, the newest step weighing 0.3
     assert costs.rate == pytest.approx((5.0 - 0.3 * 4.0) / (2.5 - 0.3 * 0.5))
+    # Steps with nothing drafted (a lookup that found no match, the gate's plain steps) bring the rate back toward
+    # 1, so that after a rich stretch a lookup is not held to it forever; the gate's own rate ignores them.
+    for _ in range(20):
+        costs.observe_step(gained=1.0, cost=1.0, speculative=False)
+    assert costs.rate == pytest.approx(1.0, abs=0.01)
+    assert costs.step_rate == pytest.approx((5.0 - 0.3 * 4.0) / (2.5 - 0.3 * 0.5))
     losing = CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.0))
     losing.observe_step(gained=1.0, cost=2.0)
     assert losing.step_rate == pytest.approx(0.5) and losing.rate == 1.0  # never below plain decoding's

@@ -11,7 +11,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import DynamicTree, SpeculativeCosts
-from hf_specdec.drafters.draft_tree import nodes_worth_verifying
+from hf_specdec.drafters.draft_tree import node_log_probs, nodes_worth_verifying
 from hf_specdec.trees.dynamic import GrownPool
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
@@ -178,3 +178,21 @@ def test_a_tree_verifies_fewer_nodes_where_verification_costs(monkeypatch: pytes
     free, costly = (sum(run) / len(run) for run in runs)
     assert free > 9.0, runs  # the whole tree, but where the length limit leaves less room
     assert max(runs[1]) < 10 and costly < free - 2.0, runs
+
+
+def test_node_log_probs_in_one_pass_equal_the_careful_ones() -> None:
+    """The one-pass log-softmax gives, for every kind of node, what masking every case first gives: a usual node,
+    one with nan scores (never proposed), one with +inf, one whose scores leave nothing, one ruled out."""
+    inf = float("inf")
+    scores = torch.tensor(
+        [[[1.0, 2.0, -inf, 0.5], [1.0, float("nan"), 3.0, 0.0], [0.0, inf, 1.0, 2.0]],
+         [[-inf, -inf, -inf, -inf], [2.0, 1.0, 0.0, -1.0], [0.3, 0.2, 0.1, 0.0]]]
+    )  # fmt: skip
+    alive = torch.tensor([[True, True, True], [True, False, True]])
+    careful = scores.masked_fill(~alive[..., None] | torch.isnan(scores), -inf)
+    none_left = ~(careful > -inf).any(dim=-1, keepdim=True)
+    expected = torch.log_softmax(careful.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, -inf)
+    got = node_log_probs(scores, alive)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)  # +inf: nan either way
+    assert torch.isneginf(got[1, 0]).all() and torch.isneginf(got[1, 1]).all()
+    assert torch.isneginf(got[0, 1, 1]) and torch.isfinite(got[0, 1, [0, 2, 3]]).all()

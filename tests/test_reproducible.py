@@ -60,17 +60,21 @@ def _run(
             torch.manual_seed(3)
             model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3))
             return model.generate(medusa=True, tree=DynamicTree(num_nodes=6), **kwargs)
-        if path in ("assistant", "hybrid"):
+        if path in ("assistant", "hybrid", "assistant-tree"):
             kwargs["assistant"] = tiny_model("llama", seed=0, sharpen=6.0)  # the target's twin: it drafts far
+        if path == "assistant-tree":
+            kwargs["tree"] = DynamicTree(num_nodes=6, depth=4, top_k=2)
         return target.generate(**kwargs)
 
 
-@pytest.mark.parametrize("path", ["assistant", "lookup", "hybrid", "medusa", "medusa-lookup"])
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "lookup", "hybrid", "medusa", "medusa-lookup"])
 def test_fixed_costs_make_seeded_sampling_independent_of_timings(path: str) -> None:
     first, second = _run(path, _clock(1e-3), COSTS), _run(path, _clock(10.0), COSTS)
     assert torch.equal(first.sequences, second.sequences)
     assert torch.equal(first.speculative.drafted_tokens, second.speculative.drafted_tokens)
-    expected = COSTS if path in ("assistant", "hybrid") else SpeculativeCosts(0.0, COSTS.verify_per_token)
+    expected = (
+        COSTS if path in ("assistant", "hybrid", "assistant-tree") else SpeculativeCosts(0.0, COSTS.verify_per_token)
+    )
     assert first.speculative.costs == second.speculative.costs == expected
 
 

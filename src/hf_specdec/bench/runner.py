@@ -129,7 +129,7 @@ def run_benchmark(
     runnable = []
     for method in methods:
         reason = method.skip_reason(batch_size, draft is not None, medusa is not None)
-        if reason is None and method.needs_int8_draft and target.device.type != "cpu":
+        if reason is None and method.needs_int8_draft and draft is not None and draft.device.type != "cpu":
             reason = "the int8 draft (torch's dynamic quantisation) runs on CPUs only"
         if reason is None:
             runnable.append(method)

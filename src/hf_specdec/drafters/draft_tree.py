@@ -122,7 +122,7 @@ class DraftTreeDrafter(DraftModelDrafter):
 
         grown = spec.grow_pool(last_token, expand, lambda ids: ids, growth_rule(costs, buffer.lagging, rows))
         num_nodes = spec.num_nodes
-        if costs.may_stop:  # the adaptive schedule: verify only the nodes that pay for their verification
+        if costs.schedule == "adaptive":  # verify only the nodes that pay for their verification
             num_nodes = nodes_worth_verifying(
                 grown.scores, num_nodes, buffer.lagging, costs.cost_model.verify_threshold(rows)
             )
@@ -266,19 +266,25 @@ class _Growth:
                 scores[shown, f] = processors(
                     buffer, buffer.active[shown], lengths[shown] + self.depth, logits[shown, f][:, None]
                 )[:, 0]
-        # One pass over the vocabulary for the usual node; a nan anywhere in a node's scores, or nothing left to
-        # propose, makes its whole row nan, and those nodes (and the ruled-out ones) are redone with care.
-        log_probs = torch.log_softmax(scores, dim=-1)
-        odd = ~self.alive | torch.isnan(log_probs[..., 0])  # (A, F)
-        if bool(odd.any()):
-            log_probs[odd] = _careful_log_softmax(scores[odd], self.alive[odd])
-        self.last_log_probs = log_probs
-        return log_probs
+        self.last_log_probs = node_log_probs(scores, self.alive)
+        return self.last_log_probs
+
+
+def node_log_probs(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities `(A, F, V)` of frontier nodes' scores: a nan score is never proposed, a node ruled out
+    (`alive` `(A, F)` False) or whose scores leave nothing gets -inf everywhere.
+
+    One pass over the vocabulary for the usual node; a nan or +inf anywhere in a node's scores, or nothing left,
+    makes its whole row nan, and those nodes (and the ruled-out ones) are redone with care."""
+    log_probs = torch.log_softmax(scores, dim=-1)
+    odd = ~alive | torch.isnan(log_probs[..., 0])  # (A, F)
+    if bool(odd.any()):
+        log_probs[odd] = _careful_log_softmax(scores[odd], alive[odd])
+    return log_probs
 
 
 def _careful_log_softmax(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities `(N, V)` of scores with nans (never proposed), of nodes ruled out (`alive` False: -inf
-    everywhere) and of nodes whose scores leave nothing (-inf everywhere)."""
+    """`node_log_probs` of nodes `(N, V)` with nans, ruled out, or with nothing left."""
     scores = scores.masked_fill(~alive[:, None] | torch.isnan(scores), float("-inf"))
     none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)
     return torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))

@@ -20,7 +20,8 @@ separately for each matched n-gram size, starting from a prior per size taken fr
 (`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step. With the "adaptive" schedule the
 batch drafts as far as its matches are expected to pay for verification: every row is verified to the same
 width (a row that drafts less is padded, at the same cost), so the width grows while one more position is
-expected to bring more than it costs (`draft_length.shared_width`) to the least advanced rows (a batched call
+expected to bring its cost times the rate recent steps brought (`draft_length.shared_width`,
+`CostModel.verify_threshold`) to the least advanced rows (a batched call
 ends with its last row); at batch size 1 that is the row's own match.
 """
 

@@ -21,8 +21,9 @@ instead go to steps of the kind recent ones were, which brought `rate` tokens pe
 least `rate` times its cost (`CostModel.draft_threshold`): the rule that maximises tokens per second over many
 steps (the ratio of expected tokens to expected time; Dinkelbach's method for a ratio, the current rate standing
 for the best one). Break-even (gain >= cost) would keep drafting where one more token brings less per second
-than the step already does: Qwen2.5-Coder 1.5B/0.5B at batch 1 on a CPU, where a draft forward costs 40% of a
-target one and the draft is right 85-95% of the time, it drafted several tokens deeper than pays.
+than the step already does (Qwen2.5-Coder 1.5B/0.5B at batch 1 on a CPU, where a draft forward costs 45% of a
+target one: chains drafted 3.97 tokens a step, 79-89% of them accepted, against 3.25 and 87-92% now, for the same
+speed; docs/benchmarks.md, session 14).
 
 `SpeculationGate` uses the model to decide, step by step, between a speculative step and a plain one-token
 step: a drafter's step advances the batch's least advanced row by `g` tokens (a batched call ends with its
@@ -80,7 +81,8 @@ class SpeculativeCosts:
 
 
 class CostModel:
-    """Measures (or holds fixed) `c` and `v`, and the time of a plain step.
+    """Measures (or holds fixed) `c` and `v`, the time of a plain step, and the running rate of recent steps
+    (tokens per plain step, from the step costs measured or, when fixed, predicted from the tokens alone).
 
     Args:
         draft_forward (`float`): the first estimate of `c` (for a draft model, its share of the target's
@@ -98,6 +100,8 @@ class CostModel:
         self._plain: dict[int, float] = {}  # seconds of a plain step, by rows in the batch (running means)
         self._gain: float | None = None  # tokens recent speculative steps gave the least advanced row
         self._cost: float | None = None  # their cost in plain steps
+        self._all_gain: float | None = None  # the same over every step, plain ones included (1 token, 1 step)
+        self._all_cost: float | None = None
 
     @property
     def draft_forward(self) -> float:
@@ -135,28 +139,30 @@ class CostModel:
         verified token in each of `rows` rows (`v * rows`)."""
         return self._draft_forward + self._verify_per_token * rows
 
-    def observe_step(self, gained: float, cost: float) -> None:
-        """A speculative step gave the least advanced row `gained` tokens and cost `cost` plain steps."""
-        if self._gain is None or self._cost is None:
-            self._gain, self._cost = gained, cost
-        else:
-            self._gain += _STEP_SMOOTHING * (gained - self._gain)
-            self._cost += _STEP_SMOOTHING * (cost - self._cost)
+    def observe_step(self, gained: float, cost: float, speculative: bool = True) -> None:
+        """A step gave the least advanced row `gained` tokens and cost `cost` plain steps; `speculative`: it
+        verified drafts (a plain step, or one in which nothing was drafted, counts toward `rate` only)."""
+        self._all_gain, self._all_cost = _smooth(self._all_gain, gained), _smooth(self._all_cost, cost)
+        if speculative:
+            self._gain, self._cost = _smooth(self._gain, gained), _smooth(self._cost, cost)
 
     @property
     def step_rate(self) -> float | None:
         """Tokens recent speculative steps gave the least advanced row per plain step of their time (running
         means of both); `None` before the first."""
-        if self._gain is None or self._cost is None:
+        if self._gain is None or self._cost is None or self._cost <= 0:
             return None
-        return self._gain / self._cost if self._cost > 0 else float("inf")
+        return self._gain / self._cost
 
     @property
     def rate(self) -> float:
-        """The tokens per plain step a drafted token must beat (see the module's docstring): what recent
-        speculative steps brought, and at least 1 (what plain steps bring); 1 before any step."""
-        step_rate = self.step_rate
-        return 1.0 if step_rate is None else max(1.0, step_rate)
+        """The tokens per plain step a drafted token must beat (see the module's docstring): what recent steps
+        brought, plain ones included (a stretch with nothing to draft brings the rate back to 1, so a lookup
+        that found nothing for a while drafts again at its first good match), and at least 1 (what plain steps
+        bring); 1 before any step."""
+        if self._all_gain is None or self._all_cost is None or self._all_cost <= 0:
+            return 1.0
+        return max(1.0, self._all_gain / self._all_cost)
 
     def draft_threshold(self, rows: int) -> float:
         """The least expected gain, in tokens per row, that pays for drafting one more token per row with a
@@ -233,6 +239,7 @@ class SpeculationGate:
         a drafter that found nothing) is a plain step: it measures what plain steps take."""
         if verified_per_row <= 1:
             self.costs.observe_plain(seconds, rows)
+            self.costs.observe_step(gained, 1.0, speculative=False)
             return
         self.costs.observe_step(
             gained, self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
@@ -244,6 +251,11 @@ class SpeculationGate:
         else:  # drafting lost: plain steps for a while, and longer each time it loses again
             self._wait = self._patience
             self._patience = min(2 * self._patience, _MOST_PATIENCE)
+
+
+def _smooth(mean: float | None, value: float) -> float:
+    """A running mean of recent steps (the first value, then exponentially weighted)."""
+    return value if mean is None else mean + _STEP_SMOOTHING * (value - mean)
 
 
 class _VerifyLine:

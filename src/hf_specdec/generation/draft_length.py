@@ -6,9 +6,9 @@ Schedules, named after transformers' `GenerationConfig.num_assistant_tokens_sche
 - `"heuristic"`: transformers' assisted-generation schedule, for a whole batch: grow by 2 after a step
   in which every row accepted everything, shrink by 1 otherwise.
 - `"adaptive"` (this library's default): draft up to `num_assistant_tokens`, but stop as soon as the
-  next draft forward is expected to cost more than it brings. Drafting one more token gains, per row,
-  the probability that all drafts so far *and* the next one are accepted, which the draft's own
-  confidence estimates (its top probability at each position, multiplied along the chain). It costs a
+  next draft forward is expected to bring less than it costs at the rate recent steps brought. Drafting one
+  more token gains, per row, the probability that all drafts so far *and* the next one are accepted, which
+  the draft's own confidence estimates (its top probability at each position, multiplied along the chain). It costs a
   draft forward, `c` target forwards, plus one more token per row to verify, `v` target forwards each
   (a verification forward's time grows with rows x tokens once the hardware is busy). That time could go to
   steps like the recent ones, which brought `rate` tokens per row per target forward's worth of time (at least

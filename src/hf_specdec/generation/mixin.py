@@ -47,7 +47,8 @@ class SpeculativeGenerationMixin:
         assistant (`PreTrainedModel`): a smaller causal LM with the target's vocabulary that drafts tokens.
         num_assistant_tokens (`int`): tokens drafted per step; the most per step with "adaptive" (default 8).
         num_assistant_tokens_schedule (`str`): `"adaptive"` (default: stop drafting when another draft forward
-            is expected to cost more than it brings), `"constant"` or `"heuristic"`.
+            is expected to bring less than its cost times the tokens per plain step recent steps brought),
+            `"constant"` or `"heuristic"`.
         assistant_confidence_threshold (`float`): stop drafting once the draft's top probability falls below
             this in every row (default: off).
         tree (`DynamicTree` or `int`): with `assistant=`, the draft model grows a tree per row and step instead of a
