@@ -205,7 +205,18 @@ def _pick(value: Any, default: Any) -> Any:
 def _parameter_share(draft: PreTrainedModel, target: PreTrainedModel) -> float:
     """The draft's size relative to the target's: a first guess of its cost per forward when decoding is
     bound by reading the weights."""
-    return draft.num_parameters() / max(target.num_parameters(), 1)
+    return _weight_count(draft) / max(_weight_count(target), 1)
+
+
+def _weight_count(model: PreTrainedModel) -> int:
+    """The model's parameters, counting the weights quantised layers pack away from `parameters()` (torch's
+    dynamically quantised `Linear` keeps them behind a `weight()` method)."""
+    count = model.num_parameters()
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if callable(weight) and not isinstance(weight, torch.Tensor):
+            count += weight().numel()
+    return count
 
 
 @functools.cache
