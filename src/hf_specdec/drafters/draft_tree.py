@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.drafters.base import Accepted, Proposal
 from hf_specdec.drafters.draft_model import DraftModelDrafter
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.draft_length import DraftLengthPolicy, shared_width
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree, GrowthRule
@@ -187,8 +187,7 @@ def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: torch.T
     if cost <= 0.0 or count <= 1:
         return max(count, 1)
     best = scores[:, 1:].topk(count, dim=1).values.exp()  # (A, count) path probabilities, best first
-    gains = best[lagging].mean(dim=0)  # (count,) non-increasing: a mean of non-increasing rows
-    return max(int((gains >= cost).sum()), 1)
+    return max(shared_width(best[lagging].tolist(), cost), 1)  # lookup's width rule, over the nodes
 
 
 class FrontierAncestry:

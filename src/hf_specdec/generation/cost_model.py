@@ -178,8 +178,7 @@ class CostModel:
         """A plain step (one token per row) of `rows` rows took `seconds`, all of the step's work included."""
         if self.fixed is not None:
             return
-        previous = self._plain.get(rows)
-        self._plain[rows] = seconds if previous is None else previous + _STEP_SMOOTHING * (seconds - previous)
+        self._plain[rows] = _smooth(self._plain.get(rows), seconds)
 
     def knows_plain(self, rows: int) -> bool:
         """Whether a plain step of `rows` rows has been measured (or costs are fixed: nothing to measure)."""
