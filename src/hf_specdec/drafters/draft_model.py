@@ -20,6 +20,7 @@ from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.generation.positions import learned_position_limit
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.validation import output_vocab_size
@@ -71,6 +72,10 @@ class DraftModelDrafter(ChainDrafter):
         self.processors = processors
         self.do_sample = do_sample
         self.generator = generator
+        # A draft with a learned table of absolute positions (GPT-2's) cannot embed a position past its end: it
+        # drafts no further than that, and once no row can draft, it stops following the text (`exhausted`).
+        self.position_limit = learned_position_limit(model)
+        self.exhausted = False
         self.seq: CachedSequence | None = None
         self._fed = 0  # slots the current step appended to the draft's cache
         self._pending_width = 0  # of which the pending tokens fed first
@@ -82,6 +87,9 @@ class DraftModelDrafter(ChainDrafter):
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Feed the prompts `(batch, prompt)` (the target's first token becomes pending in `start`)."""
+        if self.position_limit is not None and int(positions.max()) + 1 >= self.position_limit:
+            self._exhaust()  # the prompts already fill the draft's positions: nothing left to draft at
+            return
         # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
         runner = self.model if self.token_ids is None else self.model.get_decoder()
         self.seq = CachedSequence(runner, input_ids.shape[0], self.device)
@@ -95,6 +103,8 @@ class DraftModelDrafter(ChainDrafter):
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Record the target's first generated token `(batch,)` as pending."""
+        if self.exhausted:
+            return
         self.pending = torch.stack([first_token, first_token], dim=1).to(self.device)  # (B, 2)
         self.pending_count = torch.ones_like(first_token, device=self.device)
 
@@ -171,9 +181,11 @@ class DraftModelDrafter(ChainDrafter):
             distributions `(active, k, vocab)` they were drawn from; one draft forward per drafted token.
         """
         self._policy = policy
-        assert self.seq is not None and self.pending is not None and self.pending_count is not None
         target_device = buffer.tokens.device
-        num_tokens = max(1, min(policy.current, max_tokens))
+        if not self.can_draft(next_position):
+            return Chain(torch.zeros(next_position.shape[0], 0, dtype=torch.long, device=target_device))
+        num_tokens = min(max(1, min(policy.current, max_tokens)), self.position_room(next_position))
+        assert self.seq is not None and self.pending is not None and self.pending_count is not None
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
         ids, valid, positions = self._pending_inputs(next_position, last_position)
         tokens: list[torch.Tensor] = []
@@ -196,7 +208,7 @@ class DraftModelDrafter(ChainDrafter):
             else:
                 scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, logits)[:, 0]
             if self.do_sample:
-                q = torch.softmax(scores, dim=-1)  # (A, V)
+                q = draft_distribution(scores)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
                 probs.append(q)
             else:
@@ -228,6 +240,29 @@ class DraftModelDrafter(ChainDrafter):
             return Chain(draft_tokens, q=q, forwards=k)
         return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k)
 
+    def position_room(self, next_position: torch.Tensor) -> int:
+        """How many tokens a step can draft before some row's draft positions pass the draft's position table
+        (a step feeds positions up to `next_position + k - 2`: the last draft is never fed); unbounded for
+        drafts that take any position."""
+        if self.exhausted:
+            return 0
+        if self.position_limit is None:
+            return 1 << 30
+        return self.position_limit + 1 - int(next_position.max())
+
+    def can_draft(self, next_position: torch.Tensor) -> bool:
+        """Whether a step starting at `next_position` `(active,)` can draft a token; once it cannot, the draft
+        stops for good (`exhausted`)."""
+        if not self.exhausted and self.position_room(next_position) < 1:
+            self._exhaust()
+        return not self.exhausted
+
+    def _exhaust(self) -> None:
+        """Stop drafting for good (positions only grow): drop the draft's cache and what it had not seen."""
+        self.exhausted = True
+        self.seq = None
+        self.pending = self.pending_count = self._last_drafts = None
+
     def _score_drafting_rows(
         self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,6 +287,8 @@ class DraftModelDrafter(ChainDrafter):
             num_drafted (`int`): k, the number drafted this step (the last one was never fed to the draft).
             next_token (`torch.LongTensor` of shape `(active,)`): the target's token after the accepted ones.
         """
+        if self.exhausted:
+            return
         assert self.seq is not None and self.pending is not None and self._policy is not None
         self._policy.update(num_drafted, num_accepted)
         num_accepted = num_accepted.to(self.device)
@@ -273,6 +310,8 @@ class DraftModelDrafter(ChainDrafter):
             tokens (`torch.LongTensor` of shape `(active, m)`): the committed tokens, in order.
             counts (`torch.LongTensor` of shape `(active,)`): how many of them each row committed, `>= 1`.
         """
+        if self.exhausted:
+            return
         assert self.pending is not None and self.pending_count is not None
         width = self.pending.shape[1]
         rows = [
@@ -291,6 +330,8 @@ class DraftModelDrafter(ChainDrafter):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
+        if self.exhausted:
+            return
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         keep = keep.to(self.device)
         self.seq.select_rows(keep)
@@ -298,6 +339,18 @@ class DraftModelDrafter(ChainDrafter):
         if self._last_drafts is not None:
             self._last_drafts = self._last_drafts[keep]
         self.pending_count = self.pending_count[keep]
+
+
+def draft_distribution(scores: torch.Tensor) -> torch.Tensor:
+    """The distribution q `(A, V)` a draft samples from, given its processed scores `(A, V)`: their softmax,
+    with a nan score never drawn; a row whose scores leave no finite distribution (all -inf or nan, or a +inf)
+    drafts its best-scored token with certainty. Any q keeps sampling exact as long as acceptance divides by
+    the same q the draft was drawn from, so a broken draft only costs acceptance, never correctness."""
+    scores = scores.nan_to_num(nan=float("-inf"), posinf=torch.finfo(scores.dtype).max)
+    q = torch.softmax(scores, dim=-1)
+    broken = ~torch.isfinite(q).all(dim=-1, keepdim=True)  # (A, 1): every score -inf
+    certain = functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).to(q.dtype)
+    return torch.where(broken, certain, q)
 
 
 # Config fields of models that transform their logits after the lm_head (Gemma 2/3, Cohere, Granite).

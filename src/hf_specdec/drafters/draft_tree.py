@@ -26,7 +26,7 @@ import dataclasses
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.drafters.base import Accepted, Proposal
+from hf_specdec.drafters.base import Accepted, Proposal, chain_proposal
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.generation.draft_length import DraftLengthPolicy, shared_width
 from hf_specdec.generation.processing import RaggedLogitsProcessor
@@ -90,9 +90,12 @@ class DraftTreeDrafter(DraftModelDrafter):
         costs: DraftLengthPolicy,
         max_tokens: int,
     ) -> Proposal:
-        """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one)."""
+        """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one) nor than the
+        draft's positions reach (nothing once they are used up: a plain step)."""
+        if not self.can_draft(next_position):
+            return chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
-        spec = self.tree.within(max_tokens)
+        spec = self.tree.within(min(max_tokens, self.position_room(next_position)))
         target_device = buffer.tokens.device
         rows = buffer.active.shape[0]
         last_position = buffer.max_length - 1
@@ -136,6 +139,8 @@ class DraftTreeDrafter(DraftModelDrafter):
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
         queue the path's last node if it was never fed, then the target's token."""
+        if self.exhausted:
+            return
         assert self.seq is not None and self._fed_pool is not None and self._chosen is not None
         assert self._nodes is not None
         path, num_accepted, next_token = accepted.path, accepted.num_accepted, accepted.next_token

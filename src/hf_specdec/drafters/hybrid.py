@@ -61,9 +61,10 @@ class HybridDrafter(ChainDrafter):
         self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
     ) -> Chain:
         """A lookup proposal when it is expected to pay more per unit of cost than a model step, else the
-        draft model's (`policy`: the loop's, for the draft model's length and the measured costs)."""
+        draft model's (`policy`: the loop's, for the draft model's length and the measured costs); the lookup's
+        alone once the draft model has no positions left to draft at."""
         looked_up = self.lookup.draft_chain(buffer, next_position, policy, max_tokens)
-        if self._lookup_pays(looked_up, int(buffer.active.numel()), policy):
+        if not self.model.can_draft(next_position) or self._lookup_pays(looked_up, int(buffer.active.numel()), policy):
             self.last = looked_up
         else:
             self.last = self.model.draft_chain(buffer, next_position, policy, max_tokens)

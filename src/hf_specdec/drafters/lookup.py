@@ -72,6 +72,15 @@ def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: i
     return tokens[:0], 0
 
 
+class HistoryByMatchSize(dict[int, AcceptanceHistory]):
+    """Acceptance by draft position for each matched n-gram size, made at a size's first use (starting from its
+    prior), so that a large `max_matching_ngram_size` costs nothing until matches that long occur."""
+
+    def __missing__(self, n: int) -> AcceptanceHistory:
+        history = self[n] = AcceptanceHistory(PRIOR_ACCEPTANCE[min(n, 3)])
+        return history
+
+
 class PromptLookupDrafter(ChainDrafter):
     """Drafts, for every row, the continuation of its last n-gram's most recent earlier occurrence.
 
@@ -91,7 +100,7 @@ class PromptLookupDrafter(ChainDrafter):
         self.adaptive = adaptive
         self.max_depth = num_tokens
         # Acceptance by draft position, per matched n-gram size.
-        self.history = {n: AcceptanceHistory(PRIOR_ACCEPTANCE[min(n, 3)]) for n in range(1, max_ngram_size + 1)}
+        self.history = HistoryByMatchSize()
         self.starts: torch.Tensor | None = None  # (A,) first real token of each active row (after left padding)
         self._last: Chain | None = None
         self._sizes: list[int] = []  # matched n-gram size per row in the last proposal (0: no match)
@@ -129,12 +138,13 @@ class PromptLookupDrafter(ChainDrafter):
         assert self.starts is not None
         ends = buffer.active_lengths.cpu()
         rows = buffer.tokens[buffer.active, : int(ends.max())].cpu()  # (A, longest row)
+        most = max(min(self.num_tokens, max_tokens), 1)  # never more than the row can still commit
         matches = [
-            lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, self.num_tokens)
+            lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, most)
             for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True)
         ]
         self._sizes = [n for _, n in matches]
-        width = self.num_tokens
+        width = most
         if self.adaptive:  # c = 0: a lookup costs no draft forward; one more position costs v * rows
             lagging = buffer.lagging.cpu().tolist()
             survivals = [

@@ -26,7 +26,8 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
 
     Raises:
         `ValueError`: for a model speculative decoding cannot run (see [`check_architecture`]), empty prompts,
-            ids outside the model's vocabulary, an attention mask of another shape, or a row that is all padding.
+            ids outside the model's vocabulary, an attention mask of another shape, a row that is all padding,
+            right padding, or padding inside a prompt of a sliding-window model.
         `TypeError`: for `input_ids` that are not integers (other integer types are taken as plain `generate()`
             takes them, and decoded as `torch.long`).
     """
@@ -53,6 +54,21 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
                 f"{tuple(input_ids.shape)}: pass one mask value per token (1 on tokens, 0 on left padding), e.g. "
                 "the `attention_mask` the tokenizer returns with the ids."
             )
+        empty = (~attention_mask.bool().any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(
+                f"Row(s) {empty} of `attention_mask` are all zeros: those prompts are padding only, with no token to "
+                "continue (without an `attention_mask`, transformers takes every `pad_token_id` token for padding). "
+                "Drop those rows, or give each at least one token (e.g. the tokenizer's BOS token)."
+            )
+        right = (~attention_mask[:, -1].bool()).nonzero().flatten().tolist()
+        if right:
+            raise ValueError(
+                f"Row(s) {right} of `attention_mask` end with padding (right padding, or, without an "
+                "`attention_mask`, a prompt ending with `pad_token_id`): generation continues after the padding, "
+                "where plain `generate()` warns that its output is wrong, and speculative decoding cannot match it. "
+                "Pad on the left (the tokenizer's `padding_side='left'`)."
+            )
         inside = attention_mask[:, :-1].bool() & ~attention_mask[:, 1:].bool()  # a real token, then padding
         if AttentionLayout(model).sliding_window is not None and bool(inside.any()):
             raise ValueError(
@@ -60,13 +76,6 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
                 "`attention_mask`, a `pad_token_id` token inside a prompt), and the model attends through a sliding "
                 "window: transformers counts that window over the padding, speculative decoding over real tokens, so "
                 "the outputs could differ. Pad on the left only (the tokenizer's `padding_side='left'`)."
-            )
-        empty = (~attention_mask.bool().any(dim=1)).nonzero().flatten().tolist()
-        if empty:
-            raise ValueError(
-                f"Row(s) {empty} of `attention_mask` are all zeros: those prompts are padding only, with no token to "
-                "continue (without an `attention_mask`, transformers takes every `pad_token_id` token for padding). "
-                "Drop those rows, or give each at least one token (e.g. the tokenizer's BOS token)."
             )
     vocab = output_vocab_size(model)
     embeddings = model.get_input_embeddings()

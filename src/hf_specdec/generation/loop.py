@@ -35,9 +35,10 @@ from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.inputs import check_prompts
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.generation.positions import check_position_limits
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.sequences import TokenBuffer
-from hf_specdec.generation.validation import check_generation_config, output_vocab_size
+from hf_specdec.generation.validation import check_architecture, check_generation_config, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
@@ -205,9 +206,11 @@ def decode(
         raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}.")
     if acceptance == "typical" and not generation_config.do_sample:
         raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
-    check_prompts(model, input_ids, model_kwargs.get("attention_mask"))
+    check_architecture(model, "target")
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
+    check_prompts(model, input_ids, attention_mask)
+    check_position_limits(model, generation_config.max_length)
     input_device, device = input_ids.device, model.device
     input_ids = input_ids.to(device=device, dtype=torch.long)  # plain generate() takes any integer ids
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
@@ -234,8 +237,10 @@ def decode(
         logits_to_keep=1,
         output_hidden_states=hidden_states,
     )
-    # Scratch after max_length: a step's drafted path plus the token the target adds.
-    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=drafter.max_depth + 1)
+    # Scratch after max_length: a step's drafted path plus the token the target adds (no path is longer than
+    # the tokens left to generate, whatever a drafter's most per step).
+    scratch = min(drafter.max_depth, generation_config.max_length) + 1
+    buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=scratch)
     logits = out.logits[:, -1:].float()
     scores = processors(buffer, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
@@ -398,6 +403,12 @@ def reject_model_kwargs(model_kwargs: dict[str, Any]) -> None:
     """Model inputs other than token ids and a padding mask cannot be carried through speculative steps
     (the cache and positions `generate()` prepared are replaced by ours)."""
     unsupported = sorted(k for k, v in model_kwargs.items() if k not in _IGNORED_KWARGS and v is not None)
+    if "inputs_embeds" in unsupported:
+        raise ValueError(
+            "Speculative decoding continues token ids: drafts are token ids, and the target verifies them by id. "
+            "Pass `input_ids` (with their `attention_mask`) instead of `inputs_embeds`, or run plain `generate()` "
+            "(without `assistant=`, prompt lookup or `medusa=True`) for embeddings."
+        )
     if unsupported:
         raise ValueError(
             f"Speculative decoding takes `input_ids` and `attention_mask` only; got {unsupported}. "

@@ -96,10 +96,12 @@ class SpeculativeGenerationMixin:
             )
         if assistant is None and lookup_tokens is None:
             return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
+        path = "`assistant=`" if assistant is not None else "prompt lookup"
         if args:
-            raise TypeError("Pass generate()'s arguments after `generation_config` by keyword with `assistant=`.")
-        self._check_speculative_kwargs(kwargs)
+            raise TypeError(f"Pass generate()'s arguments after `generation_config` by keyword with {path}.")
+        self._check_speculative_kwargs(kwargs, path)
         if assistant is not None:
+            assistant = as_draft_model(assistant)
             check_models(self, assistant, kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None))  # type: ignore[arg-type]
         if assistant_vocab is not None:
             assert assistant is not None
@@ -178,22 +180,22 @@ class SpeculativeGenerationMixin:
         )
 
     @staticmethod
-    def _check_speculative_kwargs(kwargs: dict[str, Any]) -> None:
+    def _check_speculative_kwargs(kwargs: dict[str, Any], path: str) -> None:
         clashes = {
-            "assistant_model": "pass the draft as `assistant=` only (`assistant_model=` is transformers' own path)",
-            "custom_generate": "`custom_generate` replaces the decoding loop that `assistant=` provides",
-            "negative_prompt_ids": "classifier-free guidance is not supported with `assistant=`",
+            "assistant_model": "pass the draft as `assistant=` (`assistant_model=` is transformers' own path)",
+            "custom_generate": f"`custom_generate` replaces the decoding loop that {path} provides",
+            "negative_prompt_ids": "classifier-free guidance is not supported with speculative decoding",
         }
         for name, why in clashes.items():
             if kwargs.get(name) is not None:
-                raise ValueError(f"`{name}` cannot be combined with `assistant=`: {why}.")
+                raise ValueError(f"`{name}` cannot be combined with {path}: {why}.")
         if kwargs.get("synced_gpus"):
-            raise ValueError("`synced_gpus=True` is not supported with `assistant=`.")
+            raise ValueError(f"`synced_gpus=True` is not supported with {path}.")
         for name in ("cache", "past_key_values"):
             if kwargs.get(name) is not None:
                 raise ValueError(
-                    f"`{name}=` cannot be passed with `assistant=`: speculative decoding builds and rolls back its "
-                    "own caches for the target and the draft."
+                    f"`{name}=` cannot be passed with {path}: speculative decoding builds and rolls back its "
+                    "own caches. Drop it (or call `generate()` without speculative arguments to reuse a cache)."
                 )
 
 
@@ -219,10 +221,54 @@ def _weight_count(model: PreTrainedModel) -> int:
     return count
 
 
+def as_draft_model(assistant: Any) -> PreTrainedModel:
+    """The causal LM to draft with, from what `assistant=` received: a transformers causal LM with its
+    language-model head, or a PEFT model around one whose adapters live in its layers (LoRA and the like:
+    the wrapped model, adapters active, drafts)."""
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is optional: without it no PEFT model can be passed
+        PeftModel = None
+    if PeftModel is not None and isinstance(assistant, PeftModel):
+        if assistant.active_peft_config.is_prompt_learning:
+            raise ValueError(
+                "`assistant=` is a PEFT model with a prompt-learning adapter (prefix or prompt tuning), which adds "
+                "virtual tokens to every forward and cannot be rolled back with the draft's cache. Merge or drop "
+                "the adapter, or pass a draft without it."
+            )
+        assistant = assistant.get_base_model()
+    if not isinstance(assistant, PreTrainedModel):
+        raise TypeError(
+            f"`assistant=` takes a transformers causal LM (e.g. `AutoModelForCausalLM.from_pretrained(...)`), got "
+            f"{type(assistant).__name__}."
+        )
+    if assistant.get_output_embeddings() is None:
+        raise TypeError(
+            f"`assistant=` got {type(assistant).__name__}, which has no language-model head to score tokens with. "
+            "Load the draft with `AutoModelForCausalLM.from_pretrained(...)` instead of `AutoModel`."
+        )
+    return assistant
+
+
+def _rebuild_speculative(cls: type, state: dict[str, Any]) -> PreTrainedModel:
+    """Unpickle a model that `speculative()` had given speculative `generate()`: its original class, its state,
+    then `speculative()` again."""
+    model = cls.__new__(cls)
+    model.__setstate__(state)
+    return speculative(model)
+
+
+def _reduce_speculative(self: PreTrainedModel, protocol: int) -> tuple[Any, ...]:
+    # The class `speculative()` makes is built at run time and cannot be found by name when unpickling: pickle
+    # the model as its original class and rebuild the speculative class on load.
+    return _rebuild_speculative, (type(self).__mro__[2], self.__getstate__())
+
+
 @functools.cache
 def _speculative_class(cls: type) -> type:
     # Keep the original name so `save_pretrained` records the usual architecture.
-    return type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__})
+    namespace = {"__module__": cls.__module__, "__reduce_ex__": _reduce_speculative}
+    return type(cls.__name__, (SpeculativeGenerationMixin, cls), namespace)
 
 
 def speculative(model: PreTrainedModel) -> PreTrainedModel:

@@ -111,19 +111,30 @@ def check_models(
         )
 
 
-# Settings of other decoding strategies; speculative decoding with `assistant=` replaces them all.
-_OTHER_STRATEGIES = (
-    "penalty_alpha",
-    "dola_layers",
-    "prompt_lookup_num_tokens",
-    "assistant_early_exit",
-    "assistant_lookbehind",
-    "use_mtp",
-    "force_words_ids",
-    "constraints",
-    "token_healing",
-    "low_memory",
-)
+# Generation settings the speculative loop does not apply, each with why: other decoding strategies, which
+# speculative decoding replaces, and settings of transformers' own loops. Refused when set to anything but
+# `generate()`'s default, so that none is silently ignored.
+_ANOTHER_STRATEGY = "belongs to another decoding strategy"
+_NOT_APPLIED = {
+    "penalty_alpha": _ANOTHER_STRATEGY,
+    "dola_layers": _ANOTHER_STRATEGY,
+    "prompt_lookup_num_tokens": _ANOTHER_STRATEGY,
+    "assistant_early_exit": _ANOTHER_STRATEGY,
+    "assistant_lookbehind": "tunes transformers' re-tokenising assistant (different tokenizers)",
+    "target_lookbehind": "tunes transformers' re-tokenising assistant (different tokenizers)",
+    "assistant_ensemble_weight": (
+        "verifies against a mix of the target's and the draft's distributions (lossy), which this library "
+        "does not implement"
+    ),
+    "speculation_type": _ANOTHER_STRATEGY,
+    "use_mtp": _ANOTHER_STRATEGY,
+    "force_words_ids": _ANOTHER_STRATEGY,
+    "constraints": _ANOTHER_STRATEGY,
+    "token_healing": _ANOTHER_STRATEGY,
+    "low_memory": "sets transformers' beam search memory use",
+    "prefill_chunk_size": "sets the chunks of transformers' own prefill; speculative decoding prefills at once",
+    "continuous_batching_config": "configures transformers' continuous batching",
+}
 
 
 def check_generation_config(
@@ -135,12 +146,12 @@ def check_generation_config(
     `path`: how the messages name the speculative path the user chose.
     """
     defaults = config._get_default_generation_params()  # what `generate()` fills in when nothing is set
-    for name in _OTHER_STRATEGIES:
+    for name, why in _NOT_APPLIED.items():
         value = getattr(config, name, None)
         if value not in (None, False, 0) and value != defaults.get(name):
             raise ValueError(
-                f"`{name}` belongs to another decoding strategy and cannot be combined with {path}; "
-                f"drop it, or drop {path} to use that strategy."
+                f"`{name}={value!r}` {why} and cannot be combined with {path}; drop it, or drop {path} to use "
+                "transformers' own decoding."
             )
     if config.use_cache is False:
         raise ValueError("Speculative decoding rolls the KV cache back and forth: `use_cache=False` cannot apply.")
