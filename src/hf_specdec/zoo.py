@@ -282,6 +282,36 @@ def model_path(name: str) -> Path:
     return target
 
 
+def pretrained_source(name: str) -> str:
+    """What `from_pretrained` should load for `name`: a zoo model's converted folder (fetched and converted
+    first if needed, see `model_path`), an existing local folder as is, or else `name` itself, taken for a Hub id.
+
+    Args:
+        name (`str`): a zoo name (see `ZOO`), a local folder, or a Hub id.
+
+    Returns:
+        `str`: a folder or a Hub id.
+    """
+    return str(model_path(name)) if name in ZOO or Path(name).is_dir() else name
+
+
+def zoo_name(path: str | Path) -> str | None:
+    """The zoo name of a zoo model's converted folder in the cache (`models/<name>` under `cache_dir()`, the
+    `name_or_path` of a model `load_model` loaded from the zoo), else `None`.
+
+    A config that names its base by this name loads it on any machine (through the zoo), where the cache's path
+    would load it on this machine only.
+    """
+    folder = Path(path).expanduser()
+    if folder.name not in ZOO or not folder.is_dir():
+        return None
+    try:
+        same = folder.resolve() == (cache_dir() / "models" / folder.name).resolve()
+    except OSError:
+        return None
+    return folder.name if same else None
+
+
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, ready for batched generation.
 
@@ -294,7 +324,7 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTraine
         `tuple[PreTrainedModel, PreTrainedTokenizerBase]`: the model, in eval mode, and its tokenizer,
         with `padding_side="left"` and a pad token (the eos token when it has none).
     """
-    source = str(model_path(name)) if name in ZOO or Path(name).is_dir() else name
+    source = pretrained_source(name)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
     if tokenizer.pad_token is None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, field
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,9 @@ HEAD_TYPES = ("medusa", "recurrent", "eagle")
 @dataclass
 class MedusaConfig:
     """Configuration of Medusa heads (Cai et al. 2023) on a base causal LM.
+
+    Every field is checked when the config is built (and again before it is saved): a value of the wrong type
+    raises a `TypeError`, one out of range a `ValueError`, each naming the field.
 
     Args:
         num_heads (`int`): K heads; head k predicts the token k + 1 steps beyond the base's next token. For
@@ -34,12 +40,14 @@ class MedusaConfig:
             frequent in their training data (their ids are stored with the weights); `None`: every token.
         intermediate_size (`int`, *optional*): EAGLE heads: the width of their decoder's MLP; `None`: the base's
             (a narrower one makes the head cheaper to train and to run, at some accuracy).
-        base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from.
+        base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from: a local
+            folder, a name of `hf_specdec.zoo.ZOO` (fetched into the zoo's cache) or a Hub repository id.
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
             the preset `"medium"` cut to the number of heads.
         measured_top1 (`list[float]`, *optional*): per-head top-1 accuracy measured after training.
         measured_accuracy (`list[list[float]]`, *optional*): per head, the share of positions where its rank-r
             candidate is right, for r = 0, 1, ...: what `tree=<number of nodes>` builds the best tree from.
+        extra (`dict[str, Any]`): free-form facts about the heads (training data, command, coverage), kept as is.
     """
 
     num_heads: int = 4
@@ -57,37 +65,168 @@ class MedusaConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_heads, int) or self.num_heads < 1:
-            raise ValueError(f"num_heads must be a positive integer, got {self.num_heads!r}.")
-        if not isinstance(self.num_layers, int) or self.num_layers < 0:
-            raise ValueError(f"num_layers must be a non-negative integer, got {self.num_layers!r}.")
-        if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
-        if self.head_vocab_size is not None and (not isinstance(self.head_vocab_size, int) or self.head_vocab_size < 1):
-            raise ValueError(f"head_vocab_size must be a positive integer or None, got {self.head_vocab_size!r}.")
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field's type and range.
+
+        Raises:
+            `TypeError`: for a field of the wrong type (a `bool` where a number is wanted included).
+            `ValueError`: for a value out of range, an unknown head type, or a tree the heads cannot fill.
+        """
+        _check_int("num_heads", self.num_heads, minimum=1)
+        _check_int("num_layers", self.num_layers, minimum=0)
+        _check_choice("head_type", self.head_type, HEAD_TYPES)
+        _check_bool("share_lm_head", self.share_lm_head)
+        for name in ("hidden_size", "vocab_size", "head_vocab_size", "intermediate_size"):
+            _check_int(name, getattr(self, name), minimum=1, optional=True)
         if self.intermediate_size is not None and self.head_type != "eagle":
-            raise ValueError("intermediate_size sizes an EAGLE head's decoder: it needs head_type='eagle'.")
-        if self.intermediate_size is not None and (
-            not isinstance(self.intermediate_size, int) or self.intermediate_size < 1
-        ):
-            raise ValueError(f"intermediate_size must be a positive integer or None, got {self.intermediate_size!r}.")
-        if self.tree is not None and max(len(path) for path in self.tree) > self.num_heads:
-            raise ValueError(f"The tree is deeper than the {self.num_heads} heads can fill: cut it or add heads.")
+            raise ValueError(
+                f"MedusaConfig.intermediate_size sizes an EAGLE head's decoder, but head_type is {self.head_type!r}: "
+                "pass head_type='eagle' or drop intermediate_size."
+            )
+        if isinstance(self.base_model_name_or_path, os.PathLike):
+            self.base_model_name_or_path = os.fspath(self.base_model_name_or_path)
+        if self.base_model_name_or_path is not None and not isinstance(self.base_model_name_or_path, str):
+            raise _type_error("base_model_name_or_path", self.base_model_name_or_path, "a str (folder or name) or None")
+        if self.tree is not None:
+            self.tree = check_tree_paths("MedusaConfig.tree", self.tree, max_depth=self.num_heads)
+        _check_numbers("measured_top1", self.measured_top1, nested=False)
+        _check_numbers("measured_accuracy", self.measured_accuracy, nested=True, shares=True)
+        if not isinstance(self.extra, dict) or not all(isinstance(key, str) for key in self.extra):
+            raise _type_error("extra", self.extra, "a dict with str keys")
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as a JSON-ready dict (what `save_pretrained` writes)."""
         return asdict(self)
 
     def save_pretrained(self, directory: str | Path) -> None:
+        """Write `medusa_config.json` into `directory` (created if needed), after checking every field again:
+        values assigned after construction are checked too, so what is written always loads back."""
+        self.validate()
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MedusaConfig:
+        """A config from a dict such as `to_dict` returns; keys it does not know go into `extra`.
+
+        Raises:
+            `TypeError` or `ValueError`: as [`validate`], or when `data` (or its `"extra"`) is not a dict.
+        """
+        if not isinstance(data, dict):
+            raise TypeError(f"A Medusa config is a JSON object (a dict of fields), got {type(data).__name__}.")
+        extra = data.get("extra", {})
+        if not isinstance(extra, dict):
+            raise _type_error("extra", extra, "a dict with str keys")
         known = set(cls.__dataclass_fields__) - {"extra"}
         unknown = {k: v for k, v in data.items() if k not in known and k != "extra"}
-        return cls(**{k: v for k, v in data.items() if k in known}, extra={**data.get("extra", {}), **unknown})
+        return cls(**{k: v for k, v in data.items() if k in known}, extra={**extra, **unknown})
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> MedusaConfig:
-        return cls.from_dict(json.loads((Path(directory) / CONFIG_NAME).read_text()))
+        """Read `medusa_config.json` from `directory`.
+
+        Raises:
+            `ValueError`: when the file is missing or is not valid JSON, or a field is out of range; `TypeError`:
+                when a field has the wrong type. Each message names the file.
+        """
+        path = Path(directory) / CONFIG_NAME
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as error:
+            raise ValueError(
+                f"{path} does not exist: pass the folder that `save_pretrained` or the training recipe wrote."
+            ) from error
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(
+                f"{path} cannot be read as JSON ({error}): the file is damaged. Save or download the heads again."
+            ) from error
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as error:
+            kind = TypeError if isinstance(error, TypeError) else ValueError
+            raise kind(f"{path}: {error} Fix the file, or save or download the heads again.") from error
+
+
+def check_tree_paths(name: str, tree: Any, max_depth: int | None = None) -> list[list[int]]:
+    """`tree` as Medusa choices (a list of paths, each a non-empty list of candidate ranks), checked.
+
+    Args:
+        name (`str`): the argument or field the tree came from, for messages.
+        tree: what was passed.
+        max_depth (`int`, *optional*): the deepest path allowed (the number of heads).
+
+    Returns:
+        `list[list[int]]`: the paths as lists (tuples are accepted).
+
+    Raises:
+        `TypeError`: when `tree` is not a list of lists of ints.
+        `ValueError`: for an empty tree, a negative rank, a repeated path, a path without its parent, or a path
+            deeper than `max_depth`.
+    """
+    shape = "a list of paths, each a non-empty list of candidate ranks (ints >= 0), e.g. [[0], [1], [0, 0]]"
+    if not isinstance(tree, list | tuple) or not all(isinstance(path, list | tuple) for path in tree):
+        raise TypeError(f"{name} takes {shape}; got {tree!r}.")
+    if any(not isinstance(rank, int) or isinstance(rank, bool) for path in tree for rank in path):
+        raise TypeError(f"{name} takes {shape}; got {tree!r}.")
+    paths = [tuple(path) for path in tree]
+    if not paths or any(not path or min(path) < 0 for path in paths):
+        raise ValueError(f"{name} takes {shape}; got {tree!r}.")
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"{name} lists a path more than once: {tree!r}. List each path once.")
+    present = set(paths)
+    if missing := next((path for path in paths if len(path) > 1 and path[:-1] not in present), None):
+        raise ValueError(
+            f"{name}: path {list(missing)} has no parent {list(missing[:-1])}; every prefix of a path must be a path."
+        )
+    if max_depth is not None and (depth := max(len(path) for path in paths)) > max_depth:
+        raise ValueError(
+            f"{name} is {depth} deep but the heads draft {max_depth} deep: cut its paths to {max_depth} ranks or add "
+            "heads."
+        )
+    return [list(path) for path in paths]
+
+
+def _type_error(name: str, value: Any, takes: str) -> TypeError:
+    return TypeError(f"MedusaConfig.{name} must be {takes}, got {value!r} ({type(value).__name__}).")
+
+
+def _check_int(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    takes = f"an int >= {minimum}" + (" or None" if optional else "")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _type_error(name, value, takes)
+    if value < minimum:
+        raise ValueError(f"MedusaConfig.{name} must be {takes}, got {value!r}.")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _type_error(name, value, "True or False")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str):
+        raise _type_error(name, value, f"one of {choices}")
+    if value not in choices:
+        raise ValueError(f"MedusaConfig.{name} must be one of {choices}, got {value!r}.")
+
+
+def _check_numbers(name: str, value: Any, nested: bool, shares: bool = False) -> None:
+    """`None`, or a list of finite numbers (`nested`: a list of such lists, one per head); `shares`: each in
+    [0, 1]. (Top-1 accuracies are for reading only, and are not held to [0, 1].)"""
+    if value is None:
+        return
+    kind = "accuracies in [0, 1]" if shares else "finite numbers"
+    takes = f"a list of lists of {kind}, one list per head" if nested else f"a list of {kind}"
+    rows = value if nested else [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(row, list | tuple) for row in rows):
+        raise _type_error(name, value, takes + " or None")
+    numbers = [x for row in rows for x in row]
+    if any(not isinstance(x, Real) or isinstance(x, bool) for x in numbers):
+        raise _type_error(name, value, takes + " or None")
+    if any(not math.isfinite(x) or (shares and not 0.0 <= x <= 1.0) for x in numbers):
+        raise ValueError(f"MedusaConfig.{name} must be {takes}, got {value!r}.")

