@@ -9,10 +9,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.cli import main
-from hf_specdec.serving import ENGINES, export_heads
+from hf_specdec.serving import ENGINES, export_heads, export_pretrained
 from tests.engine_loaders import tensorrt_llm_logits, tgi_speculative_logits, vllm_logits
 from tests.tiny_models import tiny_model
 
@@ -132,5 +133,102 @@ def test_export_command(tmp_path, capsys) -> None:
     recurrent = _heads(share_lm_head=True, num_layers=1, head_type="recurrent")
     recurrent.config.base_model_name_or_path = str(tmp_path / "base")
     recurrent.save_pretrained(tmp_path / "recurrent")
-    with pytest.raises(SystemExit, match="hf-specdec export: tgi serves Medusa heads only"):
+    with pytest.raises(SystemExit) as exit_info:
         main(["export", str(tmp_path / "recurrent"), "--to", "tgi", "--out", str(tmp_path / "no")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("hf-specdec export: error: tgi serves Medusa heads only")
+    assert not (tmp_path / "no").exists()
+
+
+# Heads trained with LoRA adapters on their base (Medusa-2) -----------------------------------------------------
+
+
+def _medusa2(tmp_path):
+    """Heads whose base carries random (non-zero) LoRA adapters, saved with the base they name: heads/ and base/."""
+    from peft import LoraConfig, get_peft_model
+
+    model = _heads(share_lm_head=True, num_layers=1)
+    model.base.save_pretrained(tmp_path / "base")
+    model.config.base_model_name_or_path = str(tmp_path / "base")
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    model.base = get_peft_model(model.base, lora)
+    model.save_pretrained(tmp_path / "heads")
+    assert (tmp_path / "heads" / "base_adapter").is_dir()
+    return model
+
+
+def _base_logits(base) -> torch.Tensor:
+    with torch.no_grad():
+        return base(torch.tensor([[5, 6, 7, 8, 9]])).logits
+
+
+def test_heads_with_base_adapters_are_refused_without_the_merged_base(tmp_path) -> None:
+    model = _medusa2(tmp_path)
+    for engine in ENGINES:
+        with pytest.raises(ValueError, match=r"LoRA adapters on their base.*merged_base_dir=DIR.*--merge-base-into"):
+            export_heads(model, tmp_path / "out", engine)
+        with pytest.raises(ValueError, match=r"LoRA adapters on their base"):
+            export_pretrained(tmp_path / "heads", tmp_path / "out", engine)
+    assert not (tmp_path / "out").exists()
+    plain = _heads(share_lm_head=True, num_layers=1)
+    with pytest.raises(ValueError, match="no LoRA adapters on their base"):
+        export_heads(plain, tmp_path / "out", "vllm", merged_base_dir=tmp_path / "merged")
+    with pytest.raises(ValueError, match="give the base its own folder"):
+        export_heads(model, tmp_path / "out", "vllm", merged_base_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "merged").exists()
+
+
+def test_export_heads_writes_the_merged_base_and_names_it(tmp_path) -> None:
+    model = _medusa2(tmp_path)
+    expected = _base_logits(model.base)  # the adapted base the heads were trained on
+    export_heads(model, tmp_path / "tgi", "tgi", dtype=torch.float32, merged_base_dir=tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(_base_logits(merged), expected, rtol=1e-4, atol=1e-4)
+    assert not any("lora" in name for name in merged.state_dict())
+    assert json.loads((tmp_path / "tgi" / "config.json").read_text())["base_model_name_or_path"] == str(
+        tmp_path / "merged"
+    )
+    assert hasattr(model.base, "peft_config")  # merged on a copy: the model keeps its adapters
+    hidden = torch.randn(2, 5, model.config.hidden_size)
+    torch.testing.assert_close(
+        tgi_speculative_logits(tmp_path / "tgi", hidden, merged.get_output_embeddings().weight), _logits(model, hidden)
+    )
+
+
+def test_export_pretrained_merges_the_saved_adapters(tmp_path) -> None:
+    model = _medusa2(tmp_path)
+    expected = _base_logits(model.base)
+    export_pretrained(
+        tmp_path / "heads", tmp_path / "vllm", "vllm", dtype=torch.float32, merged_base_dir=tmp_path / "m"
+    )
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    torch.testing.assert_close(_base_logits(merged), expected, rtol=1e-4, atol=1e-4)
+    hidden = torch.randn(2, 5, model.config.hidden_size)
+    torch.testing.assert_close(vllm_logits(tmp_path / "vllm", hidden, NUM_HEADS), _logits(model, hidden))
+    assert json.loads((tmp_path / "vllm" / "config.json").read_text())["base_model_name_or_path"] == str(tmp_path / "m")
+
+
+def test_export_command_with_base_adapters(tmp_path, capsys) -> None:
+    model = _medusa2(tmp_path)
+    expected = _base_logits(model.base)
+    capsys.readouterr()  # the setup's progress bars
+    command = ["export", str(tmp_path / "heads"), "--to", "tgi", "--out", str(tmp_path / "tgi")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(command)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--merge-base-into DIR" in err
+    assert not (tmp_path / "tgi").exists()
+    assert main([*command, "--dtype", "float32", "--merge-base-into", str(tmp_path / "merged")]) == 0
+    out = capsys.readouterr().out
+    assert f"merged in to {tmp_path / 'merged'}: serve that base" in out
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(_base_logits(merged), expected, rtol=1e-4, atol=1e-4)
+    config = json.loads((tmp_path / "tgi" / "config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "merged")
+    plain = _heads(share_lm_head=True, num_layers=1)
+    plain.config.base_model_name_or_path = str(tmp_path / "base")
+    plain.save_pretrained(tmp_path / "plain")
+    with pytest.raises(SystemExit) as exit_info:  # nothing to merge for heads without adapters
+        main(["export", str(tmp_path / "plain"), "--to", "tgi", "--out", str(tmp_path / "x"), "--merge-base-into", "m"])
+    assert exit_info.value.code == 2 and "no LoRA adapters on their base" in capsys.readouterr().err

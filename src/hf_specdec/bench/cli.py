@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 from pathlib import Path
 
 import torch
 
 from hf_specdec.bench.cost_curve import verify_cost_curve
-from hf_specdec.bench.methods import METHODS, method_by_name
-from hf_specdec.bench.prompts import CATEGORIES, load_prompts
-from hf_specdec.bench.report import format_table, write_outputs
+from hf_specdec.bench.methods import METHODS, Method, method_by_name
+from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
+from hf_specdec.bench.report import BenchmarkResult, format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
+from hf_specdec.cli import (
+    MODEL_HELP,
+    HelpFormatter,
+    heads_source,
+    model_source,
+    non_negative_int,
+    output_folder,
+    positive_int,
+    require,
+    require_zoo_converter,
+)
 from hf_specdec.generation.mixin import speculative
 from hf_specdec.zoo import load_model
 
@@ -21,44 +33,120 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="benchmark decoding methods on real models and prompts")
-    bench.add_argument("--target", default="qwen2.5-coder-1.5b", help="zoo name, local folder or Hub id")
-    bench.add_argument("--draft", default="qwen2.5-coder-0.5b", help="zoo name, folder or Hub id; 'none' for no draft")
-    bench.add_argument("--medusa", default=None, help="folder or Hub id of Medusa heads for the target")
-    bench.add_argument(
-        "--draft-vocab-size", type=int, default=32768, help="draft vocabulary of specdec-vocab (ShareGPT's top tokens)"
+    """Add the `bench` subcommand to an `hf-specdec` parser's subparsers."""
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmark decoding methods on real models and prompts",
+        description="Benchmark decoding methods on real models and prompts, interleaved batch by batch "
+        "(docs/benchmarks.md); writes results.json and PNG plots into --out.",
+        formatter_class=HelpFormatter,
     )
-    bench.add_argument("--prompts", default="mt-bench,humaneval,gsm8k", help=f"comma-separated: {sorted(CATEGORIES)}")
-    bench.add_argument("--n", type=int, default=12, help="number of prompts")
-    bench.add_argument("--batch-size", type=int, default=1)
-    bench.add_argument("--max-new-tokens", type=int, default=96)
+    bench.add_argument("--target", type=model_source, default="qwen2.5-coder-1.5b", help=MODEL_HELP)
+    bench.add_argument(
+        "--draft", type=_draft_source, default="qwen2.5-coder-0.5b", help=f"{MODEL_HELP}; none: no draft"
+    )
+    bench.add_argument("--medusa", type=heads_source, help="folder or Hub id (org/name) of Medusa heads for the target")
+    bench.add_argument(
+        "--draft-vocab-size", type=positive_int, default=32768, help="draft vocabulary of specdec-vocab (ShareGPT's)"
+    )
+    bench.add_argument(
+        "--prompts", type=_categories, default="mt-bench,humaneval,gsm8k", help=f"comma-separated: {sorted(CATEGORIES)}"
+    )
+    bench.add_argument("--n", type=positive_int, default=12, help="number of prompts")
+    bench.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate() call")
+    bench.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens to generate per prompt")
     bench.add_argument(
         "--methods",
+        type=_methods,
         default="plain,hf-assistant,hf-assistant-5h,specdec",
-        help=f"{sorted(METHODS)}, or medusa-N / medusa-dynN[-lookup] for Medusa trees of N nodes",
+        help=f"comma-separated, plain first: {sorted(METHODS)}, medusa-N / medusa-dynN[-lookup] for Medusa trees of "
+        "N nodes, specdec-treeN[-dD][-kK][-vocab] for a draft model's tree",
     )
     bench.add_argument("--do-sample", action="store_true", help="sample instead of greedy (no identity check)")
-    bench.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    bench.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    bench.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the models")
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    bench.add_argument("--device", type=_device, default=default_device, help="cpu, cuda, cuda:N or mps")
     bench.add_argument("--cost-curve", action="store_true", help="also time target forwards over 1..64 tokens")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for results.json and plots")
+    bench.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompt sample and of sampling")
+    bench.add_argument("--out", type=output_folder, default="bench_results", help="folder for results.json and plots")
+
+
+def _draft_source(text: str) -> str | None:
+    """`none` (no draft: `None`) or a model, as `model_source` takes it."""
+    return None if text == "none" else model_source(text)
+
+
+def _categories(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [name for name in names if name not in CATEGORIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown prompt categories {unknown}; choose from {sorted(CATEGORIES)}")
+    return names
+
+
+def _methods(text: str) -> list[Method]:
+    names = text.split(",")
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"a method is listed twice in {text!r}")
+    if names[0] != "plain":
+        raise argparse.ArgumentTypeError(f"start with plain (the others are measured against it), got {text!r}")
+    try:
+        return [method_by_name(name) for name in names]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _device(text: str) -> str:
+    """A device that is here: `cpu`, `cuda`, `cuda:N`, `mps`."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:0, got {text!r}") from None
+    if device.type == "cpu":
+        return text
+    backend = {"cuda": torch.cuda, "mps": torch.backends.mps}.get(device.type)
+    if backend is None or not backend.is_available():
+        raise argparse.ArgumentTypeError(f"no {device.type} device here: pass --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"there is no {text} here ({torch.cuda.device_count()} CUDA devices)")
+    return text
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, what the run would fail on: missing optional dependencies (matplotlib for
+    the plots, gguf for a zoo model's first use, peft for heads with base adapters) and heads that are not there."""
+    require("matplotlib", "plot", "--out's plots")
+    require_zoo_converter(args.target, args.draft)
+    if args.medusa is not None:
+        _check_heads(args.medusa)
+
+
+def _check_heads(heads: str) -> None:
+    from hf_specdec.medusa.model import ADAPTER_FOLDER
+    from hf_specdec.serving.cli import heads_config
+
+    folder = Path(heads)
+    if folder.is_dir():
+        heads_config(folder, "--medusa")
+        if (folder / ADAPTER_FOLDER).is_dir():
+            require("peft", "train", f"--medusa {heads} (heads trained with LoRA adapters on the base)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    methods = [method_by_name(name) for name in args.methods.split(",")]
+    """Run `hf-specdec bench` on checked arguments; returns the exit status (1 if an output diverged beyond a
+    bf16 tie)."""
+    prompts = _prompts(args)  # before the models: a wrong --n fails in seconds
     dtype = DTYPES[args.dtype]
     target, tokenizer = load_model(args.target, dtype=dtype)
     target = speculative(target.to(args.device))
-    draft = None if args.draft == "none" else load_model(args.draft, dtype=dtype)[0].to(args.device)
+    draft = None if args.draft is None else load_model(args.draft, dtype=dtype)[0].to(args.device)
     medusa = None
     if args.medusa:
         from hf_specdec.medusa import MedusaForCausalLM
 
         medusa = MedusaForCausalLM.from_pretrained(args.medusa, base_model=target)
-    prompts = load_prompts(args.prompts.split(","), args.n, seed=args.seed)
     draft_vocab = None
-    if any(method.needs_draft_vocab for method in methods):
+    if any(method.needs_draft_vocab for method in args.methods):
         from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
 
         draft_vocab = sharegpt_draft_vocabulary(tokenizer, args.draft_vocab_size)
@@ -66,7 +154,7 @@ def run_bench(args: argparse.Namespace) -> int:
         target,
         tokenizer,
         prompts,
-        methods,
+        args.methods,
         draft=draft,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
@@ -77,9 +165,9 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     result.settings.update(
         target=args.target,
-        draft=args.draft,
+        draft=args.draft or "none",
         medusa=args.medusa,
-        prompts=args.prompts,
+        prompts=",".join(args.prompts),
         n=args.n,
         dtype=args.dtype,
         device=args.device,
@@ -88,6 +176,21 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     if args.cost_curve:
         result.cost_curve = verify_cost_curve(target, batch_size=args.batch_size)
+    return _report(result, args.out)
+
+
+def _prompts(args: argparse.Namespace) -> list[Prompt]:
+    try:
+        return load_prompts(args.prompts, args.n, seed=args.seed)
+    except ValueError as error:  # the categories and --n were checked: a sample larger than a category
+        per_category = math.ceil(args.n / len(args.prompts))
+        raise ValueError(
+            f"--n {args.n} asks for {per_category} prompts from each of {','.join(args.prompts)}, more than one of "
+            f"them holds ({error}): lower --n or add categories"
+        ) from error
+
+
+def _report(result: BenchmarkResult, out: Path) -> int:
     summary = result.summary()
     print(format_table(summary))
     for name, reason in result.skipped.items():
@@ -95,7 +198,7 @@ def run_bench(args: argparse.Namespace) -> int:
     for name, entry in summary.items():
         for d in entry.get("divergences", []):
             print(f"{name}: diverged from plain greedy at row {d['row']} token {d['position']}, logit gap {d['gap']}")
-    files = write_outputs(result, args.out)
+    files = write_outputs(result, out)
     print("wrote", ", ".join(str(f) for f in files))
     bad = sum(entry.get("divergences_beyond_tie", 0) for entry in summary.values())
     if bad:

