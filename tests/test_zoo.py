@@ -58,6 +58,25 @@ def test_local_folder_passthrough(tmp_path: Path) -> None:
     assert model_path(str(tmp_path)) == tmp_path
 
 
+def test_pretrained_source_of_zoo_names_folders_and_hub_ids(tmp_cache: Path, tmp_path: Path) -> None:
+    converted = tmp_cache / "models" / "smollm2-135m"
+    converted.mkdir(parents=True)
+    assert zoo.pretrained_source("smollm2-135m") == str(converted)  # already converted: nothing fetched
+    assert zoo.pretrained_source(str(tmp_path)) == str(tmp_path)
+    assert zoo.pretrained_source("org/model") == "org/model"
+
+
+def test_zoo_name_of_a_converted_folder(tmp_cache: Path, tmp_path: Path) -> None:
+    converted = tmp_cache / "models" / "smollm2-135m"
+    converted.mkdir(parents=True)
+    assert zoo.zoo_name(converted) == "smollm2-135m" and zoo.zoo_name(str(converted)) == "smollm2-135m"
+    elsewhere = tmp_path / "copy" / "smollm2-135m"
+    elsewhere.mkdir(parents=True)
+    assert zoo.zoo_name(elsewhere) is None  # a folder of the same name outside the cache is not the zoo's
+    assert zoo.zoo_name(tmp_cache / "models" / "qwen2.5-coder-0.5b") is None  # not converted here
+    assert zoo.zoo_name("org/model") is None
+
+
 def test_fetch_gguf_joins_parts_in_order(tmp_cache: Path, tmp_path: Path) -> None:
     entry = _fake_entry(tmp_cache, [b"GGUF", b"-one", b"-two"], size=12)
     gguf = zoo.fetch_gguf(entry, tmp_path / "out")

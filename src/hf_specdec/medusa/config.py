@@ -82,8 +82,9 @@ class MedusaConfig:
             _check_int(name, getattr(self, name), minimum=1, optional=True)
         if self.intermediate_size is not None and self.head_type != "eagle":
             raise ValueError(
-                f"MedusaConfig.intermediate_size sizes an EAGLE head's decoder, but head_type is {self.head_type!r}: "
-                "pass head_type='eagle' or drop intermediate_size."
+                "MedusaConfig.intermediate_size sizes an EAGLE head's decoder, but got "
+                f"{self.intermediate_size!r} with head_type={self.head_type!r}: pass head_type='eagle' or drop "
+                "intermediate_size."
             )
         if isinstance(self.base_model_name_or_path, os.PathLike):
             self.base_model_name_or_path = os.fspath(self.base_model_name_or_path)
@@ -175,16 +176,17 @@ def check_tree_paths(name: str, tree: Any, max_depth: int | None = None) -> list
     if not paths or any(not path or min(path) < 0 for path in paths):
         raise ValueError(f"{name} takes {shape}; got {tree!r}.")
     if len(set(paths)) != len(paths):
-        raise ValueError(f"{name} lists a path more than once: {tree!r}. List each path once.")
+        raise ValueError(f"{name} lists a path more than once: list each path once; got {tree!r}.")
     present = set(paths)
     if missing := next((path for path in paths if len(path) > 1 and path[:-1] not in present), None):
         raise ValueError(
-            f"{name}: path {list(missing)} has no parent {list(missing[:-1])}; every prefix of a path must be a path."
+            f"{name}: path {list(missing)} has no parent {list(missing[:-1])}; every prefix of a path must be a path. "
+            f"Got {tree!r}."
         )
     if max_depth is not None and (depth := max(len(path) for path in paths)) > max_depth:
         raise ValueError(
             f"{name} is {depth} deep but the heads draft {max_depth} deep: cut its paths to {max_depth} ranks or add "
-            "heads."
+            f"heads. Got {tree!r}."
         )
     return [list(path) for path in paths]
 

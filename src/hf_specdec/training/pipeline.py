@@ -20,6 +20,7 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
+from hf_specdec import zoo
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
@@ -32,7 +33,7 @@ from hf_specdec.training.metrics import rank_accuracies
 from hf_specdec.training.self_distill import self_distill, self_distill_with_states
 from hf_specdec.training.trainer import MedusaTrainer
 from hf_specdec.trees.static import build_tree
-from hf_specdec.zoo import ZOO, drop_quantization_flags, load_model, model_path
+from hf_specdec.zoo import ZOO, drop_quantization_flags, load_model
 
 # What a checkpoint fixes about its heads: with --init_heads these come from it.
 _HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size", "head_intermediate_size")
@@ -258,9 +259,9 @@ def train_medusa(
         if metrics is not None:
             metrics_file.write_text(json.dumps(metrics, indent=2))
         tokenizer.save_pretrained(output_dir)
-        base_name = str(model_path(config.base)) if config.base in ZOO else medusa_config.base_model_name_or_path
         for engine in config.export_engines:
-            export_heads(model, output_dir / "serving" / engine, engine, DTYPES[config.dtype], base_name)
+            served = _served_base(config.base)
+            export_heads(model, output_dir / "serving" / engine, engine, DTYPES[config.dtype], served)
         if training_args.push_to_hub:
             model.push_to_hub(
                 training_args.hub_model_id or output_dir.name,
@@ -281,6 +282,12 @@ def base_reference(base: str) -> str:
     if base in ZOO or not Path(base).expanduser().is_dir():
         return base
     return str(Path(base).expanduser().absolute())
+
+
+def _served_base(base: str) -> str:
+    """The base as a serving engine loads it (TGI reads it from the exported config): a zoo model's converted
+    folder, which engines can read, else `base_reference`."""
+    return str(zoo.model_path(base)) if base in ZOO else base_reference(base)
 
 
 def _resume_argument(value: str | bool | None) -> str | bool | None:
