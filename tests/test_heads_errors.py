@@ -425,6 +425,8 @@ def test_construction_refuses_what_is_not_a_base_or_a_config(base, models) -> No
         MedusaForCausalLM.from_base(base, {"num_heads": 2})
     with pytest.raises(TypeError, match="`heads` must be draft heads"):
         MedusaForCausalLM(base, MedusaConfig(num_heads=2), heads=torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="`token_ids` must be the draft vocabulary's token ids"):
+        MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2), token_ids="abc")
     config = MedusaConfig(num_heads=2)
     config.head_type = "hydra"
     with pytest.raises(ValueError, match=r"MedusaConfig\.head_type"):
@@ -435,6 +437,8 @@ def test_saving_and_loading_refuse_wrong_arguments(tmp_path: Path, base, models)
     model = models["medusa"]
     with pytest.raises(TypeError, match="`save_directory`"):
         model.save_pretrained(3)
+    with pytest.raises(TypeError, match="`state_dict` must be a dict"):
+        model.save_pretrained(tmp_path / "heads", state_dict=3)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"`save_directory`.*is a file"):
         model.save_pretrained(tmp_path / "file")
@@ -460,15 +464,39 @@ def test_heads_for_another_base_name_the_folder(tmp_path: Path, base) -> None:
     assert str(tmp_path) in str(error.value)
 
 
-def test_forward_refuses_inputs_of_the_wrong_shape(models, base) -> None:
-    model = models["medusa"]
-    ids, _ = ragged_batch(2)
-    with pytest.raises(ValueError, match=r"`hidden_states` must be .* \(batch, sequence, 64\)"):
-        model(hidden_states=torch.zeros(1, 3, 65))
-    with pytest.raises(ValueError, match="`labels` must hold one label per token"):
-        model(input_ids=ids, labels=ids[:, :3])
-    training = MedusaForCausalLM.from_base(tiny_model("llama", seed=1), MedusaConfig(num_heads=2))
-    assert training.base_trains  # a base that was not frozen, without adapters
+_IDS, _MASK = ragged_batch(2)
+_HIDDEN = torch.zeros(2, _IDS.shape[1], 64)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"hidden_states": torch.zeros(1, 3, 65)}, ValueError, r"`hidden_states` must be .* \(batch, sequence, 64\)"),
+        ({"input_ids": _IDS.float()}, TypeError, "`input_ids` must be a tensor of integer token ids"),
+        ({"input_ids": [[5, 6]]}, TypeError, "`input_ids`"),
+        ({"input_ids": _IDS[0]}, ValueError, "`input_ids` must be a 2D tensor"),
+        ({"input_ids": _IDS + VOCAB}, ValueError, r"`input_ids` holds ids outside \[0, 96\)"),
+        ({"input_ids": _IDS, "attention_mask": _MASK[:, :3]}, ValueError, "`attention_mask` must hold one value"),
+        ({"input_ids": _IDS, "labels": _IDS[:, :3]}, ValueError, "`labels` must hold one value per token"),
+        ({"input_ids": _IDS, "labels": _IDS.float(), "hidden_states": _HIDDEN}, TypeError, "`labels`"),
+        ({"input_ids": _IDS, "labels": _IDS + VOCAB, "hidden_states": _HIDDEN}, ValueError, "`labels` holds ids"),
+        ({"input_ids": _IDS, "labels": _IDS, "hidden_states": _HIDDEN, "head_decay": "a"}, TypeError, "`head_decay`"),
+        ({"input_ids": _IDS, "labels": _IDS, "hidden_states": _HIDDEN, "head_decay": 0.0}, ValueError, "`head_decay`"),
+        ({"input_ids": _IDS, "labels": _IDS, "hidden_states": _HIDDEN, "rank_top_k": -1}, ValueError, "`rank_top_k`"),
+        ({"input_ids": _IDS, "labels": _IDS, "hidden_states": _HIDDEN, "soft_targets": 1}, TypeError, "`soft_targets`"),
+        ({"input_ids": _IDS, "labels": _IDS, "hidden_states": _HIDDEN, "feature_weight": -1}, ValueError, "feature"),
+    ],
+)
+def test_forward_refuses_wrong_inputs_naming_them(models, kwargs: dict, error: type, named: str) -> None:
+    with pytest.raises(error, match=named):
+        models["medusa"](**kwargs)
+
+
+def test_forward_keeps_ignored_labels_and_a_base_that_trains_without_adapters_is_refused() -> None:
+    labels = _IDS.clone()
+    labels[:, :4] = -100
+    model = MedusaForCausalLM.from_base(tiny_model("llama", seed=1), MedusaConfig(num_heads=2))
+    assert model.base_trains  # a base that was not frozen, without adapters: no frozen base to distil from
     with pytest.raises(ValueError, match=r"no adapters.*freeze_base\(\)"):
-        training(input_ids=ids, labels=ids)
-    assert training.freeze_base()(input_ids=ids, labels=ids)["loss"].dim() == 0
+        model(input_ids=_IDS, labels=labels)
+    assert model.freeze_base()(input_ids=_IDS, labels=labels)["loss"].dim() == 0

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
-from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,17 @@ from hf_specdec.medusa.checkpoint import (
     local_directory,
     read_checkpoint,
     stored_token_ids,
+)
+from hf_specdec.medusa.checks import (
+    check_base,
+    check_forward_inputs,
+    check_heads_inputs,
+    check_objective_settings,
+    check_token_ids_type,
+    check_tree_type,
+    check_typical_settings,
+    floating_dtype,
+    writable_folder,
 )
 from hf_specdec.medusa.config import MedusaConfig, check_tree_paths
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
@@ -75,13 +84,14 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         token_ids: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
-        _check_base(base, "base")
+        check_base(base, "base")
         if not isinstance(config, MedusaConfig):
             raise TypeError(
                 f"`config` must be a MedusaConfig, got {type(config).__name__}: pass MedusaConfig(...) (from a dict: "
                 "MedusaConfig.from_dict(...))."
             )
         config.validate()  # fields may have been set since the config was built
+        check_token_ids_type(token_ids)
         hidden = base.config.get_text_config(decoder=True).hidden_size
         vocab = output_vocab_size(base)
         config.hidden_size = config.hidden_size or hidden
@@ -138,7 +148,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             state_dict (`dict[str, torch.Tensor]`, *optional*): the whole model's state dict when the module's
                 own parameters are sharded (gathered by FSDP or DeepSpeed); the heads' entries are taken from it.
         """
-        directory = _save_directory(save_directory)
+        directory = writable_folder(save_directory, state_dict)
         self.config.save_pretrained(directory)
         if hasattr(self.base, "peft_config"):  # Medusa-2: the base's LoRA adapters travel with the heads
             self.base.save_pretrained(directory / ADAPTER_FOLDER)
@@ -236,8 +246,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 f"({type(path_or_repo).__name__})."
             )
         if base_model is not None:
-            _check_base(base_model, "base_model")
-        heads_dtype = _dtype(heads_dtype, "heads_dtype")
+            check_base(base_model, "base_model")
+        heads_dtype = floating_dtype(heads_dtype, "heads_dtype")
         hub = {"token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
         directory = local_directory(path_or_repo, revision=revision, **hub)
         checkpoint = read_checkpoint(directory, str(path_or_repo))
@@ -278,7 +288,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     def _resolve_tree(
         self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
     ) -> DraftTree | DynamicTree:
-        _check_tree_type(tree)
+        check_tree_type(tree)
         if isinstance(self.heads, EagleHeads):
             return self._check_dynamic_tree(eagle_tree(tree, self.heads.num_heads))
         if isinstance(tree, DynamicTree) or tree == "dynamic":
@@ -353,6 +363,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             speculative_costs (`SpeculativeCosts`): fixed costs instead of measured ones (for prompt lookup in the
                 tree, and for the choice between a tree and a plain step), for bitwise-reproducible seeded
                 sampling (see `hf_specdec.generation.cost_model`).
+
+        Raises:
+            `ValueError`: with `medusa=True`, for `cache=` or `past_key_values=` (the heads' decoding builds and rolls
+                back its own KV cache: drop the argument, or call without `medusa=True`) and for `inputs_embeds=`
+                (it drafts and verifies token ids: pass `input_ids`). `TypeError` or `ValueError`, naming it, for any
+                argument of the wrong type or value.
         """
         if not isinstance(medusa, bool):
             raise TypeError(
@@ -367,8 +383,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             return self.base.generate(*args, **kwargs)
         if medusa_acceptance not in ACCEPTANCE:
             raise ValueError(f"medusa_acceptance must be one of {ACCEPTANCE}, got {medusa_acceptance!r}.")
-        _check_typical_settings(typical_epsilon, typical_delta)
-        _check_heads_inputs(args, kwargs)
+        check_typical_settings(typical_epsilon, typical_delta)
+        check_heads_inputs(args, kwargs)
         for name in ("assistant", "assistant_model", "custom_generate"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"`{name}` cannot be combined with `medusa=True`.")
@@ -432,8 +448,15 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 depth how often the label was the rank-r candidate (see `label_rank_counts`), for evaluation.
             feature_weight (`float`): EAGLE heads: the weight of their feature regression (reported as
                 `per_head_feature_loss`).
+
+        Raises:
+            `TypeError` or `ValueError`, naming the argument: ids or labels that are not 2D integer tensors within
+                the vocabulary, a mask or labels of another shape than the tokens, cached states of another hidden
+                size, or objective settings out of range; `ValueError` when the base trains without adapters.
         """
-        _check_forward_inputs(self.config.hidden_size, input_ids, labels, hidden_states)
+        sizes = (self.config.hidden_size, self.config.vocab_size, self.base.get_input_embeddings().num_embeddings)
+        check_forward_inputs(sizes, input_ids, attention_mask, labels, hidden_states)
+        check_objective_settings(head_decay, soft_targets, distill_weight, rank_top_k, feature_weight)
         if labels is None:
             if hidden_states is None:
                 hidden_states = self._base_hidden_states(input_ids, attention_mask)
@@ -536,133 +559,11 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     )
 
 
-def _check_base(base: Any, name: str) -> None:
-    """Refuse a base that is not a loaded transformers model (e.g. its name, which `from_pretrained` reads from the
-    heads' config instead)."""
-    if not isinstance(base, PreTrainedModel):
-        raise TypeError(
-            f"`{name}` must be a loaded causal LM (a transformers PreTrainedModel, e.g. from "
-            f"AutoModelForCausalLM.from_pretrained), got {type(base).__name__}."
-            + (" To load the base by name, leave it out: the heads' config names it." if name == "base_model" else "")
-        )
-
-
 def _base_name(base: PreTrainedModel) -> str | None:
     """What a config records as the base: the zoo name of a zoo model's cached folder (it loads on any machine),
     else the base's own `name_or_path` (`None` for a model built from a config)."""
     name = getattr(base, "name_or_path", None) or None
     return (zoo.zoo_name(name) or name) if name else None
-
-
-def _save_directory(save_directory: Any) -> Path:
-    """The folder `save_pretrained` writes into, created if needed."""
-    if not isinstance(save_directory, str | os.PathLike):
-        raise TypeError(
-            f"`save_directory` must be a folder (str or Path), got {save_directory!r} "
-            f"({type(save_directory).__name__})."
-        )
-    directory = Path(save_directory).expanduser()
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"`save_directory` {save_directory} is a file: pass a folder (it is created if needed).")
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-def _dtype(value: Any, name: str) -> torch.dtype | None:
-    """A floating dtype given as a `torch.dtype` or its name (`"bfloat16"`), or `None`."""
-    if value is None:
-        return None
-    dtype = getattr(torch, value, None) if isinstance(value, str) else value
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(
-            f"`{name}` must be a floating torch dtype (e.g. torch.float32 or 'bfloat16') or None, got {value!r}."
-        )
-    return dtype
-
-
-def _check_typical_settings(typical_epsilon: Any, typical_delta: Any) -> None:
-    """The typical acceptance's threshold (a probability) and entropy factor (non-negative)."""
-    for name, value, limit in (("typical_epsilon", typical_epsilon, 1.0), ("typical_delta", typical_delta, math.inf)):
-        takes = "a number in [0, 1]" if limit == 1.0 else "a number >= 0"
-        if not isinstance(value, Real) or isinstance(value, bool):
-            raise TypeError(f"`{name}` must be {takes}, got {value!r} ({type(value).__name__}).")
-        if math.isnan(value) or not 0.0 <= value <= limit or (limit == math.inf and math.isinf(value)):
-            raise ValueError(f"`{name}` must be {takes}, got {value!r}.")
-
-
-def _check_heads_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse what the heads' decoding cannot take, before transformers' `generate()` fails on it inside."""
-    for name in ("cache", "past_key_values"):
-        if kwargs.get(name) is not None:
-            raise ValueError(
-                f"`{name}=` cannot be passed with `medusa=True`: the heads' decoding builds and rolls back its own KV "
-                f"cache. Drop `{name}=`, or call generate() without `medusa=True` to continue from a cache."
-            )
-    if kwargs.get("inputs_embeds") is not None:
-        raise ValueError(
-            "`inputs_embeds=` cannot be passed with `medusa=True`: the heads draft token ids and the base verifies "
-            "them by id, so the heads' decoding needs the prompts' token ids. Pass `input_ids` (with their "
-            "`attention_mask`), or call generate() without `medusa=True` to generate from embeddings."
-        )
-    if len(args) > 1:
-        raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
-    input_ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
-    if input_ids is not None and not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"`input_ids` must be a tensor of token ids of shape (batch, prompt length), got "
-            f"{type(input_ids).__name__}: pass `tokenizer(..., return_tensors='pt')`'s ids."
-        )
-    if input_ids is not None and input_ids.dim() != 2:
-        raise ValueError(
-            f"`input_ids` must be 2D (batch, prompt length), got shape {tuple(input_ids.shape)}: for one prompt, "
-            "pass `input_ids[None]`."
-        )
-    expected = {
-        "attention_mask": (torch.Tensor, "a tensor of shape (batch, prompt length)"),
-        "generation_config": (GenerationConfig, "a transformers GenerationConfig"),
-    }
-    for name, (kind, takes) in expected.items():
-        if (value := kwargs.get(name)) is not None and not isinstance(value, kind):
-            raise TypeError(f"`{name}` must be {takes} or None, got {type(value).__name__}.")
-    streamer = kwargs.get("streamer")
-    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
-        raise TypeError(
-            "`streamer` must have `put` and `end` methods (e.g. transformers' TextStreamer), got "
-            f"{type(streamer).__name__}."
-        )
-
-
-def _check_tree_type(tree: Any) -> None:
-    """Refuse a `tree=` of a type no tree is given as (its content is checked where it is resolved)."""
-    number = isinstance(tree, int) and not isinstance(tree, bool)
-    if tree is None or number or isinstance(tree, DraftTree | DynamicTree | str | list | tuple):
-        return
-    raise TypeError(
-        f"`tree` must be a DraftTree, a DynamicTree, a preset name ({', '.join(['chain', *PRESET_SIZES, 'dynamic'])}), "
-        f"a number of candidate nodes, or Medusa choices such as [[0], [1], [0, 0]]; got {tree!r} "
-        f"({type(tree).__name__})."
-    )
-
-
-def _check_forward_inputs(
-    hidden_size: int | None,
-    input_ids: torch.Tensor | None,
-    labels: torch.Tensor | None,
-    hidden_states: torch.Tensor | None,
-) -> None:
-    """Shapes `forward` needs: cached states of the base's hidden size, labels one per token."""
-    fits = isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3
-    if hidden_states is not None and not (fits and hidden_states.shape[-1] == hidden_size):
-        got = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
-        raise ValueError(
-            f"`hidden_states` must be the base's last hidden states, of shape (batch, sequence, {hidden_size}); got "
-            f"{got}."
-        )
-    tokens = input_ids if input_ids is not None else hidden_states
-    if labels is not None and tokens is not None and tuple(labels.shape) != tuple(tokens.shape[:2]):
-        raise ValueError(
-            f"`labels` must hold one label per token, of shape {tuple(tokens.shape[:2])}; got {tuple(labels.shape)}."
-        )
 
 
 def _prompt_lookup(
