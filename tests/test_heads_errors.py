@@ -223,6 +223,22 @@ def test_config_refuses_wrong_values_naming_the_field(fields: dict, error: type,
     assert str(path) in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("settings", "error", "named"),
+    [
+        ({"num_heads": 0}, ValueError, "num_heads"),
+        ({"head_type": "foo"}, ValueError, "head_type"),
+        ({"num_layers": -1}, ValueError, "num_layers"),
+        ({"head_intermediate_size": 64}, ValueError, "intermediate_size"),
+    ],
+)
+def test_the_recipe_checks_the_heads_settings_before_any_data_work(settings: dict, error: type, named: str) -> None:
+    from hf_specdec.training import MedusaTrainingConfig
+
+    with pytest.raises(error, match=named):
+        MedusaTrainingConfig(base="any", data="any", **settings)
+
+
 def test_config_normalises_what_json_would_change() -> None:
     config = MedusaConfig(num_heads=2, tree=((0,), (1,), (0, 0)), base_model_name_or_path=Path("/models/base"))
     assert config.tree == [[0], [1], [0, 0]] and config.base_model_name_or_path == "/models/base"

@@ -162,6 +162,17 @@ class MedusaTrainingConfig:
                 )
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+        self.head_config()  # the heads' settings are checked before any data work, which can take hours
+
+    def head_config(self) -> MedusaConfig:
+        """The fresh heads' `MedusaConfig` these settings ask for (its fields checked)."""
+        return MedusaConfig(
+            num_heads=self.num_heads,
+            num_layers=self.num_layers,
+            head_type=self.head_type,
+            share_lm_head=self.share_lm_head,
+            intermediate_size=self.head_intermediate_size,
+        )
 
     @property
     def export_engines(self) -> list[str]:
@@ -367,13 +378,7 @@ def _tokenize_part(
 
 
 def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: list[list[int]]) -> MedusaForCausalLM:
-    medusa_config = MedusaConfig(
-        num_heads=config.num_heads,
-        num_layers=config.num_layers,
-        head_type=config.head_type,
-        share_lm_head=config.share_lm_head,
-        intermediate_size=config.head_intermediate_size,
-    )
+    medusa_config = config.head_config()
     token_ids = None
     if config.head_vocab_size is not None:
         token_ids, coverage = _draft_vocabulary(labels, base, config.head_vocab_size)
