@@ -81,6 +81,14 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def random_seed(text: str) -> int:
+    """A random seed: an integer in 0..2**63 - 1 (what `torch.manual_seed` takes, with room to count batches)."""
+    value = _int_at_least(text, 0)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed below 2**63, got {value}")
+    return value
+
+
 def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
@@ -167,7 +175,7 @@ def heads_source(text: str) -> str:
 
 
 def _folder_or_hub_id(text: str, expected: str) -> str:
-    path = Path(text)
+    path = Path(non_empty(text))
     if path.is_dir():
         return text
     if path.exists():

@@ -20,9 +20,9 @@ from hf_specdec.cli import (
     HelpFormatter,
     heads_source,
     model_source,
-    non_negative_int,
     output_folder,
     positive_int,
+    random_seed,
     require,
     require_zoo_converter,
 )
@@ -67,7 +67,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     bench.add_argument("--device", type=_device, default=default_device, help="cpu, cuda, cuda:N or mps")
     bench.add_argument("--cost-curve", action="store_true", help="also time target forwards over 1..64 tokens")
-    bench.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompt sample and of sampling")
+    bench.add_argument("--seed", type=random_seed, default=0, help="seed of the prompt sample and of sampling")
     bench.add_argument("--out", type=output_folder, default="bench_results", help="folder for results.json and plots")
 
 

@@ -158,7 +158,8 @@ def _plots(result: BenchmarkResult, summary: dict[str, dict[str, Any]], out_dir:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise ImportError('The plots need matplotlib, which is not installed: pip install "hf_specdec[plot]".') from error
+        message = 'The plots need matplotlib, which is not installed: pip install "hf_specdec[plot]".'
+        raise ImportError(message) from error
     files = []
     # Speedup by category.
     fig, ax = plt.subplots(figsize=(7, 4))

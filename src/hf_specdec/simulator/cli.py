@@ -20,11 +20,11 @@ from pathlib import Path
 from hf_specdec.cli import (
     HelpFormatter,
     non_negative_float,
-    non_negative_int,
     one_line,
     output_file,
     positive_float,
     positive_int,
+    random_seed,
     require,
 )
 from hf_specdec.simulator.closed_form import AcceptanceRates
@@ -48,18 +48,16 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 def _int_range(text: str, low: int = 0) -> list[int]:
     """`"4"`, `"1,2,4"` or `"1..8"` (inclusive) as a list of ints, each in `low..MAX_TOKENS`."""
     try:
-        if ".." in text:
-            first, last = text.split("..")
-            values = list(range(int(first), int(last) + 1))
-        else:
-            values = [int(part) for part in text.split(",")]
+        ends = [int(part) for part in text.split("..")] if ".." in text else None
+        values = None if ends else [int(part) for part in text.split(",")]
+        first, last = ends or (min(values), max(values))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 4, 1,2,4 or 1..8, got {text!r}") from None
-    if not values:
+    if first > last:
         raise argparse.ArgumentTypeError(f"{text!r} is an empty range: write the smaller end first, as in 1..8")
-    if not all(low <= value <= MAX_TOKENS for value in values):
+    if first < low or last > MAX_TOKENS:  # checked before a range is built: 1..10**9 would take seconds
         raise argparse.ArgumentTypeError(f"expected whole numbers in {low}..{MAX_TOKENS}, got {text!r}")
-    return values
+    return values or list(range(first, last + 1))
 
 
 def _tree_sizes_arg(text: str) -> list[int]:
@@ -106,13 +104,15 @@ def _cost_curve(text: str) -> CostCurve:
     """A preset name or `"1:139,2:119,..."` (tokens:time)."""
     if text in COST_CURVES:
         return COST_CURVES[text]
+    expected = f"expected a preset ({', '.join(COST_CURVES)}) or tokens:time pairs like 1:139,8:140,64:348"
     try:
-        points = [tuple(part.split(":")) for part in text.split(",")]
-        return CostCurve.from_points([(int(n), float(t)) for n, t in points], source="--cost-curve")
+        points = [(int(n), float(t)) for n, t in (part.split(":") for part in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
+    try:
+        return CostCurve.from_points(points, source="--cost-curve")
     except ValueError as error:
-        raise argparse.ArgumentTypeError(
-            f"expected a preset ({', '.join(COST_CURVES)}) or tokens:time pairs like 1:139,8:140,64:348; {error}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{expected}; {error}") from None
 
 
 def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -151,7 +151,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     out.add_argument(
         "--monte-carlo", type=positive_int, metavar="STEPS", help="also simulate STEPS steps per draft length"
     )
-    out.add_argument("--seed", type=non_negative_int, default=0, help="seed of the Monte-Carlo")
+    out.add_argument("--seed", type=random_seed, default=0, help="seed of the Monte-Carlo")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     out.add_argument(
         "--plot", type=_plot_file, metavar="PNG", help="save speedup against draft length for several alphas"
