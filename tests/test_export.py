@@ -175,6 +175,9 @@ def test_heads_with_base_adapters_are_refused_without_the_merged_base(tmp_path) 
         export_heads(plain, tmp_path / "out", "vllm", merged_base_dir=tmp_path / "merged")
     with pytest.raises(ValueError, match="give the base its own folder"):
         export_heads(model, tmp_path / "out", "vllm", merged_base_dir=tmp_path / "out")
+    model.base.base_model.model.name_or_path = str(tmp_path / "base")  # as loaded from there
+    with pytest.raises(ValueError, match="would replace the original"):
+        export_heads(model, tmp_path / "out", "vllm", merged_base_dir=tmp_path / "base")
     assert not (tmp_path / "out").exists() and not (tmp_path / "merged").exists()
 
 
@@ -232,3 +235,6 @@ def test_export_command_with_base_adapters(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:  # nothing to merge for heads without adapters
         main(["export", str(tmp_path / "plain"), "--to", "tgi", "--out", str(tmp_path / "x"), "--merge-base-into", "m"])
     assert exit_info.value.code == 2 and "no LoRA adapters on their base" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # the merged base over the original one
+        main([*command, "--merge-base-into", str(tmp_path / "base")])
+    assert exit_info.value.code == 2 and "would replace the original" in capsys.readouterr().err

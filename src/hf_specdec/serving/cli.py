@@ -18,7 +18,13 @@ from hf_specdec.cli import (
     require_zoo_converter,
 )
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
-from hf_specdec.serving.export import ENGINES, check_base_adapters, check_exportable, export_pretrained
+from hf_specdec.serving.export import (
+    ENGINES,
+    check_base_adapters,
+    check_exportable,
+    check_merged_base_dir,
+    export_pretrained,
+)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -68,6 +74,8 @@ def check_export_args(args: argparse.Namespace) -> None:
         require_zoo_converter(config.base_model_name_or_path)
     adapters = _has_adapters(folder)
     check_base_adapters(adapters, args.to, args.out, args.merge_base_into)
+    if args.merge_base_into is not None:
+        check_merged_base_dir(args.merge_base_into, _base_folder(args.base or config.base_model_name_or_path))
     if adapters:
         require("peft", "train", "merging the heads' base adapters into the base")
 
@@ -93,6 +101,15 @@ def heads_config(folder: Path, what: str) -> MedusaConfig:
             ".safetensors, or vLLM's Medusa layout): pass the folder a training run or save_pretrained wrote"
         )
     return imported.config
+
+
+def _base_folder(name: str | None) -> Path | None:
+    """The folder a base named so loads from, if it is a local one (a zoo model's converted folder included)."""
+    from hf_specdec.zoo import ZOO, cache_dir
+
+    if name in ZOO:
+        return cache_dir() / "models" / name  # where `zoo.model_path` keeps it
+    return Path(name) if name and Path(name).is_dir() else None
 
 
 def _has_adapters(folder: Path) -> bool:

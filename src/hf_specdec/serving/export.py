@@ -155,6 +155,15 @@ def check_base_adapters(
         )
 
 
+def check_merged_base_dir(merged_base_dir: str | Path, base_source: str | Path | None) -> None:
+    """Raise a `ValueError` when the merged base would be written over the folder its base was loaded from."""
+    if base_source and Path(merged_base_dir).resolve() == Path(base_source).resolve():
+        raise ValueError(
+            f"{merged_base_dir} is the folder the base was loaded from: writing the merged base there would replace "
+            "the original. Give the merged base a folder of its own."
+        )
+
+
 def save_merged_base(base: PreTrainedModel, directory: str | Path) -> Path:
     """Write `base` (adapters merged) with `save_pretrained`, and its tokenizer when the folder or Hub id it was
     loaded from has one (an engine loads both from one place). Returns the folder written."""
@@ -195,6 +204,7 @@ def _export(
             "name none: pass base_name= (the base's Hub id or folder, as TGI will see it)."
         )
     if merged_base_dir is not None:
+        check_merged_base_dir(merged_base_dir, base.name_or_path)
         save_merged_base(base, merged_base_dir)
     heads = model.heads
     dtype = dtype or heads.dtype
