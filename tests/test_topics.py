@@ -97,5 +97,6 @@ def test_data_command_writes_the_selected_conversations(tmp_path: Path, monkeypa
     assert [r["id"] for r in written] == ["c1", "c2"]
     assert written[0]["conversations"] == records[2]["conversations"][:2]
     assert "wrote 2 conversations" in (printed := capsys.readouterr().out) and "asked for 5" in printed
-    with pytest.raises(SystemExit, match="hf-specdec data: Ask for at least one"):
+    with pytest.raises(SystemExit) as exit_info:
         main(["data", "--n", "0", "--out", str(out)])
+    assert exit_info.value.code == 2 and "--n: expected a whole number >= 1" in capsys.readouterr().err

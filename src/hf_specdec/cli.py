@@ -11,205 +11,30 @@ Any other exception is a bug, and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import math
-import os
-import re
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import torch
-
-from hf_specdec.topics import TOPICS, select_conversations
-from hf_specdec.zoo import ZOO, cache_dir
-
-USER_ERRORS: tuple[type[Exception], ...] = (
-    ValueError,
-    TypeError,
-    FileNotFoundError,
-    FileExistsError,
-    IsADirectoryError,
-    NotADirectoryError,
-    PermissionError,
+from hf_specdec.bench import cli as bench
+from hf_specdec.cli_args import (
+    DTYPES,
+    MODEL_HELP,
+    USER_ERRORS,
+    ArgumentParser,
+    HelpFormatter,
+    model_source,
+    non_empty,
+    non_negative_int,
+    one_line,
+    output_file,
+    positive_int,
+    require_zoo_converter,
+    share,
 )
-"""What bad input raises, reported by `main` as one line and exit status 2."""
-
-ZOO_NAMES = ", ".join(ZOO)
-MODEL_HELP = f"zoo name ({ZOO_NAMES}), local folder or Hub id (org/name)"
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-
-
-# Parsers ----------------------------------------------------------------------------------------------------
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Help that keeps the descriptions' line breaks and shows each option's default, where it has one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        shown = not hidden and "%(default)" not in text
-        return f"{text} (default: %(default)s)" if shown and action.option_strings else text
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """An `argparse.ArgumentParser` whose errors are one line on stderr (exit status 2), without the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
-
-
-def one_line(text: object) -> str:
-    """`text` as one line: every run of whitespace, line breaks included, becomes one space."""
-    return " ".join(str(text).split())
-
-
-# Argument types ----------------------------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1 (a count of tokens, prompts, steps)."""
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (a count that may be zero, a seed)."""
-    return _int_at_least(text, 0)
-
-
-def random_seed(text: str) -> int:
-    """A random seed: an integer in 0..2**63 - 1 (what `torch.manual_seed` takes, with room to count batches)."""
-    value = _int_at_least(text, 0)
-    if value >= 2**63:
-        raise argparse.ArgumentTypeError(f"expected a seed below 2**63, got {value}")
-    return value
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {value}")
-    return value
-
-
-def finite_float(text: str, low: float = -math.inf, high: float = math.inf, what: str = "a number") -> float:
-    """A finite float in `[low, high]`; the argument types below fix the range."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not (math.isfinite(value) and low <= value <= high):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite float >= 0."""
-    return finite_float(text, low=0.0, what="a finite number >= 0")
-
-
-def positive_float(text: str) -> float:
-    """A finite float > 0."""
-    value = finite_float(text, low=0.0, what="a finite number > 0")
-    if value == 0.0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
-
-
-def share(text: str) -> float:
-    """A share in [0, 1] (0.97, not 97)."""
-    return finite_float(text, 0.0, 1.0, what="a share in [0, 1] (0.97 for 97%)")
-
-
-def non_empty(text: str) -> str:
-    """Any text but an empty or blank one."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected some text, got an empty value")
-    return text
-
-
-def output_folder(text: str) -> Path:
-    """A folder to write into: an existing folder, or one that can be created (never an existing file)."""
-    path = Path(non_empty(text))
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, and a folder is written there: pass a folder path")
-    _check_writable(path, text)
-    return path
-
-
-def output_file(text: str) -> Path:
-    """A file to write: a new file in a folder that exists or can be created, or an existing file (replaced)."""
-    path = Path(non_empty(text))
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder, and a file is written there: pass a file path")
-    _check_writable(path, text)
-    return path
-
-
-def _check_writable(path: Path, text: str) -> None:
-    """Refuse `path` when it, or the folder it would be created in, cannot be written."""
-    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
-    if existing != path.absolute() and not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} cannot be created: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
-        raise argparse.ArgumentTypeError(f"{existing} is not writable: pass a path you can write to")
-
-
-def model_source(text: str) -> str:
-    """A model: a zoo name, an existing folder, or a Hub id written `org/name`."""
-    if text in ZOO:
-        return text
-    return _folder_or_hub_id(text, f"a zoo model ({ZOO_NAMES}), a model folder or a Hub id (org/name)")
-
-
-def heads_source(text: str) -> str:
-    """Heads: an existing folder or a Hub id written `org/name`."""
-    return _folder_or_hub_id(text, "a folder of heads or a Hub id (org/name)")
-
-
-def _folder_or_hub_id(text: str, expected: str) -> str:
-    path = Path(non_empty(text))
-    if path.is_dir():
-        return text
-    if path.exists():
-        raise argparse.ArgumentTypeError(f"{text} is a file; pass {expected}")
-    if _HUB_ID.fullmatch(text) and ".." not in text:
-        return text
-    raise argparse.ArgumentTypeError(f"{text!r} does not exist; pass {expected}")
-
-
-# Optional dependencies -------------------------------------------------------------------------------------
-
-
-def require(module: str, extra: str, purpose: str) -> None:
-    """Raise a `ValueError` naming the extra to install when `module` cannot be imported.
-
-    Args:
-        module (`str`): the module to import, e.g. `"matplotlib"`.
-        extra (`str`): the extra of `pyproject.toml` that installs it, e.g. `"plot"`.
-        purpose (`str`): what needs it, e.g. `"--out's plots"`.
-    """
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise ValueError(
-            f'{purpose} needs {module}, which is not installed: pip install "hf_specdec[{extra}]"'
-        ) from None
-
-
-def require_zoo_converter(*names: str | None) -> None:
-    """Check that gguf is installed when any of the zoo models `names` still has to be converted (its first use)."""
-    for name in names:
-        if name in ZOO and not (cache_dir() / "models" / name).is_dir():  # where `zoo.model_path` keeps it
-            require("gguf", "models", f"converting zoo model {name} on its first use")
-
+from hf_specdec.serving import cli as serving
+from hf_specdec.simulator import cli as simulator
+from hf_specdec.topics import TOPICS, select_conversations
 
 # demo ---------------------------------------------------------------------------------------------------------
 
@@ -226,7 +51,7 @@ def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--prompt", type=non_empty, action="append", help="a prompt (repeat for a batch); default: one")
     demo.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens to generate per prompt")
     demo.add_argument("--num-assistant-tokens", type=positive_int, help="tokens drafted per step (at most)")
-    demo.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16", help="dtype of both models")
+    demo.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of both models")
 
 
 def _check_demo(args: argparse.Namespace) -> None:
@@ -237,7 +62,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from hf_specdec.bench import demo
 
     prompts = args.prompt or demo.DEFAULT_PROMPTS
-    dtype = _DTYPES[args.dtype]
+    dtype = DTYPES[args.dtype]
     identical = demo.run_demo(args.target, args.draft, prompts, args.max_new_tokens, dtype, args.num_assistant_tokens)
     return 0 if identical or args.dtype != "float32" else 1
 
@@ -302,10 +127,6 @@ Run = Callable[[argparse.Namespace], int]
 
 def build_parser() -> ArgumentParser:
     """The `hf-specdec` parser; each subcommand's namespace carries its `check` and `run` functions."""
-    from hf_specdec.bench import cli as bench
-    from hf_specdec.serving import cli as serving
-    from hf_specdec.simulator import cli as simulator
-
     parser = ArgumentParser(prog="hf-specdec", description="Lossless speculative decoding for transformers.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     commands: dict[str, tuple[Callable[[Any], Any], Check, Run]] = {

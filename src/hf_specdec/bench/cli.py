@@ -15,7 +15,7 @@ from hf_specdec.bench.methods import METHODS, Method, method_by_name
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
 from hf_specdec.bench.report import BenchmarkResult, format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
-from hf_specdec.cli import (
+from hf_specdec.cli_args import (
     MODEL_HELP,
     HelpFormatter,
     heads_source,

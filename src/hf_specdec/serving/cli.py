@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.cli import (
+from hf_specdec.cli_args import (
     MODEL_HELP,
     HelpFormatter,
     heads_source,
@@ -26,7 +26,7 @@ from hf_specdec.serving.export import (
     export_pretrained,
 )
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +48,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         type=non_empty,
         help="the base as the engine will load it, for TGI (default: --merge-base-into, else --base's folder or id)",
     )
-    export.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16", help="dtype of the written weights")
+    export.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the written weights")
     export.add_argument(
         "--merge-base-into",
         type=output_folder,
@@ -122,7 +122,7 @@ def run_export(args: argparse.Namespace) -> int:
     """Run `hf-specdec export` on checked arguments; returns the exit status."""
     from hf_specdec.zoo import ZOO, load_model, model_path
 
-    dtype = _DTYPES[args.dtype]
+    dtype = DTYPES[args.dtype]
     name = args.base or _zoo_base(args.heads)
     base = None if name is None else load_model(name, dtype=dtype)[0]
     base_name = args.base_name

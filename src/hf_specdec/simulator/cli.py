@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hf_specdec.cli import (
+from hf_specdec.cli_args import (
     HelpFormatter,
     non_negative_float,
     one_line,
