@@ -181,6 +181,20 @@ def test_heads_with_base_adapters_are_refused_without_the_merged_base(tmp_path) 
     assert not (tmp_path / "out").exists() and not (tmp_path / "merged").exists()
 
 
+def test_heads_loaded_with_their_adapters_merged_are_refused_without_the_merged_base(tmp_path) -> None:
+    """`from_pretrained` merges the saved adapters into the base: the export still knows that the base its config
+    names is not the one the heads were trained on."""
+    model = _medusa2(tmp_path)
+    expected = _base_logits(model.base)
+    loaded = MedusaForCausalLM.from_pretrained(tmp_path / "heads")
+    assert loaded.base_adapter_merged and not hasattr(loaded.base, "peft_config")
+    with pytest.raises(ValueError, match=r"LoRA adapters on their base"):
+        export_heads(loaded, tmp_path / "out", "vllm")
+    export_heads(loaded, tmp_path / "vllm", "vllm", dtype=torch.float32, merged_base_dir=tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(_base_logits(merged), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_export_heads_writes_the_merged_base_and_names_it(tmp_path) -> None:
     model = _medusa2(tmp_path)
     expected = _base_logits(model.base)  # the adapted base the heads were trained on

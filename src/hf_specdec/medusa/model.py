@@ -105,6 +105,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             config.base_model_name_or_path = _base_name(base)
         self.base = base
         self.config = config
+        # Whether `from_pretrained` merged LoRA adapters saved beside the heads into `base` (Medusa-2): an export
+        # must then serve this base, not the one the config names.
+        self.base_adapter_merged = False
         if heads is not None:
             if not isinstance(heads, DraftHeads):
                 raise TypeError(
@@ -265,6 +268,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         # Cast first: the weights are copied into parameters of the final dtype, rounded once at most.
         model.heads.to(device=base_model.device, dtype=heads_dtype or base_model.dtype)
         load_heads_state(model.heads, state, config.head_type, checkpoint.weights_file)
+        model.base_adapter_merged = (directory / ADAPTER_FOLDER).exists()
         return model
 
     # Generation -------------------------------------------------------------------------------------------

@@ -67,9 +67,10 @@ def export_heads(
             `base_model_name_or_path`; default: `merged_base_dir` when given, else the heads' config's. TGI needs
             it: it loads the base from there.
         merged_base_dir (`str` or `Path`, *optional*): for heads trained with LoRA adapters on their base (Medusa-2:
-            `model.base` is a PEFT model), where to write the base with the adapters merged in (PEFT's
-            `merge_and_unload`, on a copy: `model` is left as it is), with `save_pretrained`. The engine must serve
-            that base: the heads were trained on its hidden states, not on the un-adapted base's.
+            `model.base` is a PEFT model, or `from_pretrained` merged the adapters saved beside the heads), where
+            to write the base with the adapters merged in (PEFT's `merge_and_unload`, on a copy: `model` is left as
+            it is), with `save_pretrained`. The engine must serve that base: the heads were trained on its hidden
+            states, not on the un-adapted base's.
 
     Returns:
         `Path`: the folder written.
@@ -79,9 +80,10 @@ def export_heads(
             adapters and no `merged_base_dir` (or the reverse), with what to do instead. Nothing is written then.
     """
     check_exportable(model.config, engine)
-    adapters = hasattr(model.base, "peft_config")
+    unmerged = hasattr(model.base, "peft_config")
+    adapters = unmerged or model.base_adapter_merged  # merged at load: the config names the un-adapted base
     check_base_adapters(adapters, engine, directory, merged_base_dir)
-    base = copy.deepcopy(model.base).merge_and_unload() if adapters else model.base
+    base = copy.deepcopy(model.base).merge_and_unload() if unmerged else model.base
     return _export(model, base, directory, engine, dtype, base_name, merged_base_dir)
 
 
