@@ -20,13 +20,13 @@ def plot_speedup(
     """Draw expected speedup against draft length, one line per acceptance rate, and save it to `path`.
 
     Raises:
-        ModuleNotFoundError: matplotlib is not installed (it is optional: `pip install matplotlib`).
+        ModuleNotFoundError: matplotlib is not installed (it is optional: `pip install "hf_specdec[plot]"`).
     """
     try:
         from matplotlib.figure import Figure  # imported here: only plotting needs it
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
-            "Plotting needs matplotlib, which hf_specdec does not install by default: `pip install matplotlib`."
+            'Plotting needs matplotlib, which hf_specdec does not install by default: `pip install "hf_specdec[plot]"`.'
         ) from error
     figure = Figure(figsize=(6.4, 4.2), layout="constrained")  # no pyplot: no global state, no GUI backend
     axes = figure.add_subplot()
