@@ -370,7 +370,7 @@ def test_a_cache_with_a_static_or_dynamic_tree_is_refused(models) -> None:
 def test_embeddings_are_refused_on_the_heads_path_saying_it_needs_token_ids(models, base, head_type, with_ids):
     ids, _ = ragged_batch(2)
     embeds = base.get_input_embeddings()(ids)
-    with pytest.raises(ValueError, match=r"`inputs_embeds=`.*needs the prompts' token ids"):
+    with pytest.raises(ValueError, match=r"`inputs_embeds=` cannot be passed with `medusa=True`: drafts are token ids"):
         _generate(models[head_type], medusa=True, input_ids=ids if with_ids else None, inputs_embeds=embeds)
 
 

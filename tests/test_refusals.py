@@ -16,7 +16,6 @@ from hf_specdec import MedusaConfig, MedusaForCausalLM
 from tests.refusal_cases import (
     DRAFT_PATHS,
     PATHS,
-    SPECULATIVE_PATHS,
     Models,
     mistral,
     one_layer_mistral,
@@ -51,21 +50,6 @@ def test_empty_prompts_of_several_rows_fail_as_in_plain_generate(models: Models,
 @pytest.mark.parametrize("path", PATHS)
 def test_max_new_tokens_zero_is_refused_as_plain_generate_refuses_it(models: Models, path: str) -> None:
     _fails_as_plain(models, path, **prompts(max_new_tokens=0))
-
-
-@pytest.mark.parametrize("path", SPECULATIVE_PATHS)
-@pytest.mark.parametrize("bad", ["1-D input_ids", "input_ids list", "attention_mask list", "config dict", "streamer"])
-def test_inputs_plain_generate_cannot_take_fail_as_in_plain_generate(models: Models, path: str, bad: str) -> None:
-    """(The Medusa paths refuse these with their own `TypeError` / `ValueError`: docs/refusals.md.)"""
-    ids, mask = ragged_batch(2)
-    call = {
-        "1-D input_ids": {"input_ids": ids[0]},
-        "input_ids list": {"input_ids": ids.tolist(), "attention_mask": mask},
-        "attention_mask list": {"input_ids": ids, "attention_mask": mask.tolist()},
-        "config dict": {"input_ids": ids, "attention_mask": mask, "generation_config": {"max_new_tokens": 4}},
-        "streamer": {"input_ids": ids[:1], "streamer": object()},
-    }[bad]
-    _fails_as_plain(models, path, **{"max_new_tokens": 4, **call})
 
 
 @pytest.mark.parametrize("path", PATHS)

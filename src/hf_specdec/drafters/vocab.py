@@ -66,18 +66,27 @@ def vocab_index(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return index
 
 
-def check_token_ids(token_ids: torch.Tensor, vocab_size: int, what: str = "draft vocabulary") -> torch.Tensor:
+def check_token_ids(token_ids: torch.Tensor, vocab_size: int, what: str = "The draft vocabulary") -> torch.Tensor:
     """Validate a draft vocabulary (1-D, unique ids within the vocabulary) and return it as sorted int64."""
-    token_ids = torch.as_tensor(token_ids)
-    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
-        raise ValueError(f"A {what} holds integer token ids, got {token_ids.dtype}.")
+    try:
+        token_ids = torch.as_tensor(token_ids)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{what} takes a 1-D tensor or list of token ids, got {type(token_ids).__name__}.") from error
     if token_ids.dim() != 1 or token_ids.numel() == 0:
-        raise ValueError(f"A {what} is a non-empty 1-D list of token ids, got shape {tuple(token_ids.shape)}.")
+        raise ValueError(
+            f"{what} takes a non-empty 1-D tensor or list of token ids, got shape {tuple(token_ids.shape)}: pass the "
+            "ids the draft may propose (e.g. `hf_specdec.drafters.vocab.draft_vocabulary(...)`)."
+        )
+    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+        raise TypeError(f"{what} takes integer token ids, got {token_ids.dtype}: pass the ids as integers.")
     token_ids = token_ids.long().sort().values
     if int(token_ids[0]) < 0 or int(token_ids[-1]) >= vocab_size:
-        raise ValueError(f"The {what} holds ids outside the model's {vocab_size} logits.")
+        raise ValueError(
+            f"{what} holds ids outside the model's {vocab_size} logits (0 to {vocab_size - 1}): pass ids of the "
+            "models' own tokenizer."
+        )
     if bool((token_ids[1:] == token_ids[:-1]).any()):
-        raise ValueError(f"The {what} holds repeated token ids.")
+        raise ValueError(f"{what} holds repeated token ids: pass each id once.")
     return token_ids
 
 
@@ -121,8 +130,9 @@ class VocabularyRows:
         weight, bias = getattr(lm_head, "weight", None), getattr(lm_head, "bias", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.device.type == "meta":
             raise ValueError(
-                f"A draft vocabulary needs the output layer's weights, loaded, as a linear projection; "
-                f"{type(lm_head).__name__} has none here (not linear, quantised, or offloaded)."
+                f"A draft vocabulary (`assistant_vocab`, or heads' `token_ids`) gathers rows of the output layer's "
+                f"weight, but {type(lm_head).__name__} keeps none as a loaded 2-D tensor (quantised, offloaded or "
+                "not linear). Drop the draft vocabulary, or use a draft whose lm_head is a plain Linear layer."
             )
         ids = None if token_ids is None else token_ids.to(weight.device)
         dtype = weight.dtype if dtype is None else dtype

@@ -8,8 +8,10 @@ silently (an attention mask broadcast over the batch, a row with no real token).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.generation.kv_cache import AttentionLayout
 from hf_specdec.generation.validation import check_architecture, output_vocab_size
@@ -90,6 +92,61 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
             f"`input_ids` holds id {int(input_ids[row, column])} (row {row}, position {column}"
             f"{', under padding' if padding else ''}), outside the {vocab} ids (0 to {vocab - 1}) the model can "
             "embed and score. Encode the prompts with the model's own tokenizer, and pad with its pad_token_id."
+        )
+
+
+def check_generate_arguments(model: PreTrainedModel, inputs: Any, kwargs: dict[str, Any], path: str) -> None:
+    """Refuse, before transformers prepares anything, the `generate()` arguments no speculative path can take: a
+    target that cannot decode speculatively, prompts that are not a 2D tensor of ids (or embeddings instead of
+    ids), a cache to continue from, and arguments of the wrong type that transformers would fail on deep inside.
+
+    Args:
+        model (`PreTrainedModel`): the target (the base of Medusa heads).
+        inputs: `generate()`'s first argument, or `None` (then `input_ids=` or `inputs=` in `kwargs`).
+        kwargs (`dict`): the other arguments of `generate()`.
+        path (`str`): how the messages name the speculative path, e.g. "`assistant=`".
+    """
+    check_architecture(model, "target")
+    for name in ("cache", "past_key_values"):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"`{name}=` cannot be passed with {path}: speculative decoding builds and rolls back its own KV "
+                f"caches. Drop `{name}=`, or call generate() without {path} to continue from a cache."
+            )
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            f"`inputs_embeds=` cannot be passed with {path}: drafts are token ids, and the target verifies them by "
+            "id. Pass `input_ids` (with their `attention_mask`), or call generate() without it to generate from "
+            "embeddings."
+        )
+    if kwargs.get("synced_gpus"):
+        raise ValueError(
+            f"`synced_gpus=True` cannot be combined with {path}: each process verifies its own drafts, whose "
+            "forwards cannot be kept in step across processes. Drop `synced_gpus`."
+        )
+    input_ids = inputs if inputs is not None else kwargs.get("input_ids", kwargs.get("inputs"))
+    if input_ids is not None and not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"`input_ids` must be a tensor of token ids of shape (batch, prompt length), got "
+            f"{type(input_ids).__name__}: pass `tokenizer(..., return_tensors='pt')`'s ids."
+        )
+    if input_ids is not None and input_ids.dim() != 2:
+        raise ValueError(
+            f"`input_ids` must be 2D (batch, prompt length), got shape {tuple(input_ids.shape)}: for one prompt, "
+            "pass `input_ids[None]`."
+        )
+    expected = {
+        "attention_mask": (torch.Tensor, "a tensor of shape (batch, prompt length)"),
+        "generation_config": (GenerationConfig, "a transformers GenerationConfig"),
+    }
+    for name, (kind, takes) in expected.items():
+        if (value := kwargs.get(name)) is not None and not isinstance(value, kind):
+            raise TypeError(f"`{name}` must be {takes} or None, got {type(value).__name__}.")
+    streamer = kwargs.get("streamer")
+    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+        raise TypeError(
+            "`streamer` must have `put` and `end` methods (e.g. transformers' TextStreamer), got "
+            f"{type(streamer).__name__}."
         )
 
 

@@ -29,7 +29,8 @@ from hf_specdec.generation.arguments import (
     withhold,
 )
 from hf_specdec.generation.cost_model import SpeculativeCosts
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.draft_length import SCHEDULES, DraftLengthPolicy
+from hf_specdec.generation.inputs import check_generate_arguments
 from hf_specdec.generation.loop import speculative_decode
 from hf_specdec.generation.validation import check_models, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
@@ -86,6 +87,18 @@ class SpeculativeGenerationMixin:
         tree: DynamicTree | int | None = None,
         **kwargs: Any,
     ) -> Any:
+        if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+            if (
+                assistant is None
+                and tree is None
+                and assistant_vocab is None
+                and not kwargs.get("prompt_lookup_num_tokens")
+            ):
+                return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
+            raise TypeError(
+                f"`generation_config` must be a transformers GenerationConfig or None, got "
+                f"{type(generation_config).__name__}: pass `GenerationConfig(...)`, or the settings as arguments."
+            )
         lookup_tokens = requested(self, generation_config, kwargs, "prompt_lookup_num_tokens")  # type: ignore[arg-type]
         if assistant is None and assistant_vocab is not None:
             raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
@@ -99,6 +112,7 @@ class SpeculativeGenerationMixin:
         path = "`assistant=`" if assistant is not None else "prompt lookup"
         if args:
             raise TypeError(f"Pass generate()'s arguments after `generation_config` by keyword with {path}.")
+        check_generate_arguments(self, inputs, kwargs, path)  # type: ignore[arg-type]
         self._check_speculative_kwargs(kwargs, path)
         if assistant is not None:
             assistant = as_draft_model(assistant)
@@ -115,6 +129,8 @@ class SpeculativeGenerationMixin:
             raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
         lookup = lookup_settings(self, generation_config, kwargs)  # type: ignore[arg-type]
         schedule = _pick(requested(self, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)  # type: ignore[arg-type]
+        if schedule not in SCHEDULES:
+            raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}.")
         policy = self._draft_length_policy(generation_config, kwargs, assistant, lookup, schedule, costs)
         if tree is not None and lookup is not None:
             raise ValueError(
@@ -189,14 +205,6 @@ class SpeculativeGenerationMixin:
         for name, why in clashes.items():
             if kwargs.get(name) is not None:
                 raise ValueError(f"`{name}` cannot be combined with {path}: {why}.")
-        if kwargs.get("synced_gpus"):
-            raise ValueError(f"`synced_gpus=True` is not supported with {path}.")
-        for name in ("cache", "past_key_values"):
-            if kwargs.get(name) is not None:
-                raise ValueError(
-                    f"`{name}=` cannot be passed with {path}: speculative decoding builds and rolls back its "
-                    "own caches. Drop it (or call `generate()` without speculative arguments to reuse a cache)."
-                )
 
 
 def _pick(value: Any, default: Any) -> Any:

@@ -91,7 +91,10 @@ def check_models(
             )
         size = len(tokenizer)
         if size > min(output_vocab_size(target), output_vocab_size(draft)):
-            raise ValueError(f"The tokenizer has {size} tokens, more than one of the models can score.")
+            raise ValueError(
+                f"The tokenizer has {size} tokens, more than the target ({output_vocab_size(target)}) or the draft "
+                f"({output_vocab_size(draft)}) can score: pass the tokenizer the models were trained with."
+            )
         return
     target_size, draft_size = output_vocab_size(target), output_vocab_size(draft)
     if target_size != draft_size:
@@ -166,9 +169,12 @@ def check_generation_config(
             f"decoding verifies one continuation per row. Use num_beams=1 or drop {path}."
         )
     if config.num_beam_groups is not None and config.num_beam_groups > 1:
-        raise ValueError(f"Diverse beam search cannot be combined with {path}.")
+        raise ValueError(f"Diverse beam search cannot be combined with {path}: drop num_beam_groups or {path}.")
     if config.guidance_scale is not None and config.guidance_scale != 1:
-        raise ValueError(f"Classifier-free guidance (guidance_scale) cannot be combined with {path}.")
+        raise ValueError(
+            f"Classifier-free guidance (guidance_scale) cannot be combined with {path}: drop guidance_scale, or "
+            f"drop {path} to use transformers' own decoding."
+        )
     mode = config.get_generation_mode()
     if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH):
         raise ValueError(f"Generation mode {mode.value!r} cannot be combined with {path}.")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.trees.dynamic import DynamicTree
@@ -75,48 +75,6 @@ def check_typical_settings(typical_epsilon: Any, typical_delta: Any) -> None:
     """The typical acceptance's threshold (a probability) and entropy factor (non-negative)."""
     _check_number("typical_epsilon", typical_epsilon, "a number in [0, 1]", lambda x: 0.0 <= x <= 1.0)
     _check_number("typical_delta", typical_delta, "a number >= 0", lambda x: x >= 0.0)
-
-
-def check_heads_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse what the heads' decoding cannot take, before transformers' `generate()` fails on it inside."""
-    for name in ("cache", "past_key_values"):
-        if kwargs.get(name) is not None:
-            raise ValueError(
-                f"`{name}=` cannot be passed with `medusa=True`: the heads' decoding builds and rolls back its own KV "
-                f"cache. Drop `{name}=`, or call generate() without `medusa=True` to continue from a cache."
-            )
-    if kwargs.get("inputs_embeds") is not None:
-        raise ValueError(
-            "`inputs_embeds=` cannot be passed with `medusa=True`: the heads draft token ids and the base verifies "
-            "them by id, so the heads' decoding needs the prompts' token ids. Pass `input_ids` (with their "
-            "`attention_mask`), or call generate() without `medusa=True` to generate from embeddings."
-        )
-    if len(args) > 1:
-        raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
-    input_ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
-    if input_ids is not None and not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"`input_ids` must be a tensor of token ids of shape (batch, prompt length), got "
-            f"{type(input_ids).__name__}: pass `tokenizer(..., return_tensors='pt')`'s ids."
-        )
-    if input_ids is not None and input_ids.dim() != 2:
-        raise ValueError(
-            f"`input_ids` must be 2D (batch, prompt length), got shape {tuple(input_ids.shape)}: for one prompt, "
-            "pass `input_ids[None]`."
-        )
-    expected = {
-        "attention_mask": (torch.Tensor, "a tensor of shape (batch, prompt length)"),
-        "generation_config": (GenerationConfig, "a transformers GenerationConfig"),
-    }
-    for name, (kind, takes) in expected.items():
-        if (value := kwargs.get(name)) is not None and not isinstance(value, kind):
-            raise TypeError(f"`{name}` must be {takes} or None, got {type(value).__name__}.")
-    streamer = kwargs.get("streamer")
-    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
-        raise TypeError(
-            "`streamer` must have `put` and `end` methods (e.g. transformers' TextStreamer), got "
-            f"{type(streamer).__name__}."
-        )
 
 
 def check_tree_type(tree: Any) -> None:

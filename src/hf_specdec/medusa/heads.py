@@ -52,7 +52,7 @@ class DraftHeads(nn.Module):
         self.vocab_size = vocab_size
         outputs = vocab_size
         if token_ids is not None:
-            token_ids = check_token_ids(token_ids, vocab_size, "heads' vocabulary")
+            token_ids = check_token_ids(token_ids, vocab_size, "The heads' vocabulary")
             self.register_buffer("token_ids", token_ids)
             self.register_buffer("_index", vocab_index(token_ids, vocab_size), persistent=False)
             self.register_load_state_dict_post_hook(_reindex_after_load)
@@ -75,7 +75,7 @@ class DraftHeads(nn.Module):
         """Rebuild the id-to-position map after the draft vocabulary was loaded."""
         assert self.token_ids is not None
         if not torch.equal(
-            check_token_ids(self.token_ids, self.vocab_size, "heads' vocabulary"), self.token_ids.long()
+            check_token_ids(self.token_ids, self.vocab_size, "The heads' vocabulary"), self.token_ids.long()
         ):
             raise ValueError("A heads' vocabulary must hold increasing token ids (their projections' row order).")
         self._index = vocab_index(self.token_ids, self.vocab_size).to(self.token_ids.device)

@@ -25,6 +25,7 @@ from hf_specdec.generation.arguments import (
     withhold,
 )
 from hf_specdec.generation.cost_model import SpeculativeCosts
+from hf_specdec.generation.inputs import check_generate_arguments
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.medusa.card import model_card
 from hf_specdec.medusa.checkpoint import (
@@ -40,7 +41,6 @@ from hf_specdec.medusa.checkpoint import (
 from hf_specdec.medusa.checks import (
     check_base,
     check_forward_inputs,
-    check_heads_inputs,
     check_objective_settings,
     check_token_ids_type,
     check_tree_type,
@@ -310,7 +310,10 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         else:
             resolved = DraftTree(check_tree_paths("`tree`", tree))
         if resolved.depth > self.config.num_heads:
-            raise ValueError(f"The tree is {resolved.depth} deep but there are only {self.config.num_heads} heads.")
+            raise ValueError(
+                f"The tree is {resolved.depth} deep but there are only {self.config.num_heads} heads (one per depth): "
+                "pass a tree at most that deep (e.g. a number of nodes, sized for these heads)."
+            )
         if max(resolved.top_k_per_depth()) > self.heads.head_vocab_size:
             raise ValueError(
                 f"The tree needs the top {max(resolved.top_k_per_depth())} candidates of a head, but the heads choose "
@@ -388,10 +391,15 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         if medusa_acceptance not in ACCEPTANCE:
             raise ValueError(f"medusa_acceptance must be one of {ACCEPTANCE}, got {medusa_acceptance!r}.")
         check_typical_settings(typical_epsilon, typical_delta)
-        check_heads_inputs(args, kwargs)
+        if len(args) > 1:
+            raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
+        check_generate_arguments(self.base, args[0] if args else None, kwargs, "`medusa=True`")
         for name in ("assistant", "assistant_model", "custom_generate"):
             if kwargs.get(name) is not None:
-                raise ValueError(f"`{name}` cannot be combined with `medusa=True`.")
+                raise ValueError(
+                    f"`{name}` cannot be combined with `medusa=True`: the heads draft for the base. Drop `{name}`, "
+                    "or call the base's generate() with a draft model instead of the heads."
+                )
         generation_config = kwargs.pop("generation_config", None)
         prompt_lookup = _prompt_lookup(self.base, generation_config, kwargs)
         costs = kwargs.pop("speculative_costs", None)
