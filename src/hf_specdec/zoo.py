@@ -26,6 +26,7 @@ model, tokenizer = load_model("smollm2-135m", dtype=torch.bfloat16)
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -264,6 +265,7 @@ def model_path(name: str) -> Path:
 
     Raises:
         `ValueError`: if `name` is neither a zoo name nor an existing folder.
+        `ImportError`: if the model must be converted and gguf (the `[models]` extra) is not installed.
     """
     entry = ZOO.get(name)
     if entry is None:
@@ -273,6 +275,10 @@ def model_path(name: str) -> Path:
     target = cache_dir() / "models" / entry.name
     if target.is_dir():
         return target
+    if importlib.util.find_spec("gguf") is None:  # before downloading anything
+        raise ImportError(
+            f'Converting zoo model {name!r} on its first use needs the gguf library: pip install "hf_specdec[models]".'
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{entry.name}.tmp-") as tmp:
         gguf_path = fetch_gguf(entry, Path(tmp) / "gguf")

@@ -1,4 +1,8 @@
-"""Training Medusa heads with the ecosystem's tools: `datasets`, `Trainer`, PEFT."""
+"""Training Medusa heads with the ecosystem's tools: `datasets`, `Trainer`, PEFT (the `[train]` extra)."""
+
+import hf_specdec.training.requirements  # noqa: F401  (first: names the extra to install)
+
+# isort: split
 
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_conversation, tokenize_records
