@@ -23,7 +23,7 @@ from transformers import (
 
 import hf_specdec
 from hf_specdec.drafters.draft_model import draft_distribution
-from hf_specdec.generation.positions import learned_position_limit, length_dependent_rope_limit
+from hf_specdec.generation.positions import length_dependent_rope_limit, position_table_limit
 from tests.tiny_models import BOS, EOS, PAD, VOCAB, ragged_batch, tiny_model
 
 COSTS = hf_specdec.SpeculativeCosts(draft_forward=0.2, verify_per_token=0.02)
@@ -67,7 +67,7 @@ def _greedy(target: PreTrainedModel, **kwargs: Any) -> tuple[torch.Tensor, torch
 
 
 def test_learned_position_tables_are_found_and_rotary_models_have_none() -> None:
-    assert learned_position_limit(_gpt2(0, 48)) == 48
+    assert position_table_limit(_gpt2(0, 48)) == 48
     opt = OPTForCausalLM(
         OPTConfig(
             vocab_size=VOCAB,
@@ -79,8 +79,8 @@ def test_learned_position_tables_are_found_and_rotary_models_have_none() -> None
             word_embed_proj_dim=16,
         )
     )
-    assert learned_position_limit(opt) == 40  # its table has two more rows: an offset
-    assert learned_position_limit(_llama(0)) is None
+    assert position_table_limit(opt) == 40  # its table has two more rows: an offset
+    assert position_table_limit(_llama(0)) is None
 
 
 @pytest.mark.parametrize("drafting", ["chain", "tree", "hybrid"])
@@ -240,5 +240,91 @@ def test_settings_transformers_applies_and_the_loop_does_not_are_refused() -> No
 
 def test_inputs_embeds_without_ids_is_refused_for_what_it_is() -> None:
     target = hf_specdec.speculative(_llama(0))
-    with pytest.raises(ValueError, match="instead of `inputs_embeds`"):
+    with pytest.raises(ValueError, match="`inputs_embeds=` cannot be passed with prompt lookup: drafts are token ids"):
         target.generate(inputs_embeds=torch.randn(1, 5, 32), prompt_lookup_num_tokens=3, max_new_tokens=3)
+
+
+def _config_model(config_name: str, model_name: str, **config: Any) -> PreTrainedModel:
+    import transformers
+
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(
+        vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, **config
+    )
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model
+
+
+def test_a_draft_with_a_table_of_rotary_angles_drafts_up_to_it() -> None:
+    """GPT-J precomputes its rotary angles for `n_positions` positions: a buffer, not an embedding."""
+    draft = _config_model("GPTJConfig", "GPTJForCausalLM", n_embd=32, n_layer=1, n_head=4, rotary_dim=8, n_positions=16)
+    assert position_table_limit(draft) == 16
+    plain, ours = _greedy(_llama(0), assistant=draft)
+    assert torch.equal(ours, plain)
+
+
+def test_models_that_mask_by_cache_slot_or_a_one_token_window_are_refused() -> None:
+    neo = _config_model(
+        "GPTNeoConfig",
+        "GPTNeoForCausalLM",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        window_size=4,
+        max_position_embeddings=128,
+    )
+    ids, mask = ragged_batch(2)
+    with pytest.raises(ValueError, match="causal table of 128 x 128 sliced by the length of its cache"):
+        hf_specdec.speculative(neo).generate(input_ids=ids, attention_mask=mask, prompt_lookup_num_tokens=3)
+    window = _config_model(
+        "MistralConfig",
+        "MistralForCausalLM",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=1,
+    )
+    with pytest.raises(ValueError, match="sliding window of 1 token"):
+        hf_specdec.speculative(window).generate(input_ids=ids, attention_mask=mask, prompt_lookup_num_tokens=3)
+
+
+def test_heads_refuse_a_base_that_projects_its_state_before_the_lm_head() -> None:
+    opt = _config_model(
+        "OPTConfig",
+        "OPTForCausalLM",
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        word_embed_proj_dim=16,
+    )
+    with pytest.raises(ValueError, match="lm_head reads vectors of size 16, but its last hidden state has size 32"):
+        hf_specdec.MedusaForCausalLM.from_base(opt, hf_specdec.MedusaConfig(num_heads=2))
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "gemma2-eager"])
+def test_eagle_heads_on_bases_with_per_layer_settings_or_eager_attention_keep_plain_greedy(arch: str) -> None:
+    common = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4}
+    if arch == "smollm3":  # `no_rope_layers` lists one entry per layer of the base; the heads have two layers
+        base = _config_model("SmolLM3Config", "SmolLM3ForCausalLM", num_key_value_heads=2, **common)
+    else:  # transformers runs Gemma 2 with eager attention only
+        base = _config_model(
+            "Gemma2Config",
+            "Gemma2ForCausalLM",
+            num_key_value_heads=1,
+            head_dim=8,
+            attn_implementation="eager",
+            **common,
+        )
+    heads = hf_specdec.MedusaForCausalLM.from_base(
+        base, hf_specdec.MedusaConfig(num_heads=2, head_type="eagle", num_layers=2)
+    )
+    ids, mask = ragged_batch(2)
+    call = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 12, "do_sample": False}
+    assert torch.equal(heads.generate(**call, medusa=True, speculative_costs=COSTS), base.generate(**call))

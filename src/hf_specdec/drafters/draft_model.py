@@ -20,7 +20,7 @@ from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.kv_cache import CachedSequence
-from hf_specdec.generation.positions import learned_position_limit
+from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.validation import output_vocab_size
@@ -74,7 +74,7 @@ class DraftModelDrafter(ChainDrafter):
         self.generator = generator
         # A draft with a learned table of absolute positions (GPT-2's) cannot embed a position past its end: it
         # drafts no further than that, and once no row can draft, it stops following the text (`exhausted`).
-        self.position_limit = learned_position_limit(model)
+        self.position_limit = position_table_limit(model)
         self.exhausted = False
         self.seq: CachedSequence | None = None
         self._fed = 0  # slots the current step appended to the draft's cache

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from hf_specdec.generation.positions import slot_indexed_mask_size
 from hf_specdec.trees.masks import to_additive, visibility
 
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -47,6 +48,20 @@ class AttentionLayout:
             kinds = {"sliding_attention"} if window is not None else {"full_attention"}
         self.mixed = len(kinds) > 1
         self.sliding_window = window if "sliding_attention" in kinds else None
+        if self.sliding_window is not None and self.sliding_window < 2:
+            raise ValueError(
+                f"{type(model).__name__} attends through a sliding window of {self.sliding_window} token(s), where "
+                "transformers' cached decoding disagrees with its own full forward, so no speculative result can "
+                "match plain decoding. Decode this model with plain `generate()`."
+            )
+        table = slot_indexed_mask_size(model)
+        if table is not None:
+            raise ValueError(
+                f"{type(model).__name__} masks attention with a causal table of {table} x {table} sliced by the length "
+                "of its cache (and applies local attention by cache slot), while speculative decoding keeps drafted "
+                "and rejected tokens in the cache and masks by the attention mask it passes. Decode this model with "
+                "plain `generate()`, or draft with another model."
+            )
         if "position_ids" not in inspect.signature(model.forward).parameters or getattr(config, "alibi", False):
             raise ValueError(
                 f"{type(model).__name__} does not take `position_ids` (or uses ALiBi biases tied to cache slots), so "

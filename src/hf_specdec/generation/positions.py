@@ -3,8 +3,9 @@ plain decoding.
 
 Two kinds of position encodings limit speculative decoding:
 
-- **Learned absolute positions** (GPT-2's `wpe`, OPT's `embed_positions`): a table with one row per position,
-  so a position past the table's end is an index error. A target cannot generate past it (plain `generate()`
+- **Position tables** (learned absolute positions: GPT-2's `wpe`, OPT's `embed_positions`; precomputed rotary
+  angles: GPT-J's and CodeGen's `embed_positions`): one row per position, so a position past the table's end is an
+  index error. A target cannot generate past it (plain `generate()`
   fails there too); a draft stops drafting at it (`learned_position_limit`).
 - **Rotary frequencies that depend on the length of the forward** (`rope_type="dynamic"`, `"longrope"`):
   transformers recomputes them from the largest position in each forward, once it passes the original
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -33,12 +35,13 @@ def position_limit(model: PreTrainedModel) -> int | None:
     return None
 
 
-def learned_position_limit(model: PreTrainedModel) -> int | None:
-    """How many positions a model with a learned table of absolute positions can embed, or `None` when its
-    positions are not looked up in a table (rotary models take any position).
+def position_table_limit(model: PreTrainedModel) -> int | None:
+    """How many positions a model that looks positions up in a table can take, or `None` when it takes any
+    position (rotary frequencies computed on the fly).
 
-    A table is an embedding other than the token embedding with at least as many rows as the declared limit
-    (OPT's has two more rows than its `max_position_embeddings`: an offset); the declared limit is returned.
+    A table is an embedding other than the token embedding (GPT-2's `wpe`, OPT's `embed_positions`), or a buffer
+    of precomputed rotary angles (GPT-J's and CodeGen's `embed_positions`), with one row per position: at least
+    as many rows as the declared limit, and at most two more (OPT's offset). The declared limit is returned.
     """
     limit = position_limit(model)
     if limit is None:
@@ -47,6 +50,18 @@ def learned_position_limit(model: PreTrainedModel) -> int | None:
     for module in model.modules():
         if isinstance(module, nn.Embedding) and module is not tokens and limit <= module.num_embeddings <= limit + 2:
             return limit
+    for _, buffer in model.named_buffers():
+        if buffer.dim() == 2 and limit <= buffer.shape[0] <= limit + 2:
+            return limit
+    return None
+
+
+def slot_indexed_mask_size(model: PreTrainedModel) -> int | None:
+    """The size of a square causal-mask table the model slices by the length of its cache (GPT-Neo's `bias`), or
+    `None`. Such a model masks by cache slot, not by the masks and positions it is given."""
+    for _, buffer in model.named_buffers():
+        if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] > 1 and buffer.dtype == torch.bool:
+            return int(buffer.shape[-1])
     return None
 
 
@@ -85,11 +100,11 @@ def check_position_limits(model: PreTrainedModel, max_length: int, role: str = "
     """Raise `ValueError` when generating up to `max_length` tokens (prompt included) could take `model` where
     speculative decoding cannot follow plain decoding: past a learned position table's end, or past the
     length at which length-dependent rotary frequencies start to change with each forward."""
-    learned = learned_position_limit(model)
+    learned = position_table_limit(model)
     if learned is not None and max_length > learned:
         raise ValueError(
             f"max_length={max_length} (prompt plus new tokens) is more than the {learned} positions the {role} "
-            f"({type(model).__name__}) has learned embeddings for. Keep prompt plus max_new_tokens within "
+            f"({type(model).__name__}) has a position table for. Keep prompt plus max_new_tokens within "
             f"{learned}."
         )
     rope = length_dependent_rope_limit(model)

@@ -245,7 +245,11 @@ def decoder_config(
     `intermediate_size` wide if given), full attention (training unrolls under its own masks; a window would make
     decoding differ from it), and a one-row vocabulary (the head is fed vectors, never ids)."""
     config = copy.deepcopy(base_config.get_text_config(decoder=True))
+    base_layers = config.num_hidden_layers
     config.num_hidden_layers = num_layers
+    for name, value in vars(config).items():  # per-layer settings (SmolLM3's `no_rope_layers`), cycled to fit
+        if isinstance(value, list) and len(value) == base_layers and name != "layer_types":
+            setattr(config, name, [value[i % base_layers] for i in range(num_layers)])
     if intermediate_size is not None:
         names = [name for name in ("intermediate_size", "n_inner", "ffn_dim") if hasattr(config, name)]
         if not names:
@@ -258,7 +262,8 @@ def decoder_config(
     for name in ("sliding_window", "use_sliding_window"):
         if hasattr(config, name):
             setattr(config, name, None if name == "sliding_window" else False)
-    config._attn_implementation = "sdpa"
+    # The base's own attention where it is eager (some models run no other), else SDPA: both take 4D masks.
+    config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
     return config
 
 

@@ -94,6 +94,14 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         check_token_ids_type(token_ids)
         hidden = base.config.get_text_config(decoder=True).hidden_size
         vocab = output_vocab_size(base)
+        reads = _lm_head_width(base)
+        if reads is not None and reads != hidden:
+            raise ValueError(
+                f"{type(base).__name__}'s lm_head reads vectors of size {reads}, but its last hidden state has size "
+                f"{hidden} (it projects the state first, as OPT does with word_embed_proj_dim): heads draft from the "
+                "last hidden state through the lm_head, so they cannot draft for this base. Draft with a draft model "
+                "(`assistant=`) or prompt lookup instead."
+            )
         config.hidden_size = config.hidden_size or hidden
         config.vocab_size = config.vocab_size or vocab
         if (config.hidden_size, config.vocab_size) != (hidden, vocab):
@@ -606,3 +614,13 @@ def _prompt_lookup(
             "'constant'."
         )
     return PromptLookupDrafter(lookup.num_tokens, lookup.max_ngram_size, adaptive=schedule != "constant")
+
+
+def _lm_head_width(base: PreTrainedModel) -> int | None:
+    """The size of the vectors the base's lm_head reads (`in_features`, or its weight's columns)."""
+    lm_head = base.get_output_embeddings()
+    width = getattr(lm_head, "in_features", None)
+    if isinstance(width, int):
+        return width
+    weight = getattr(lm_head, "weight", None)
+    return int(weight.shape[1]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
