@@ -70,8 +70,15 @@ class Arch:
     window: str | None = None  # "plain": sliding_window; "qwen": use_sliding_window; "types": layer_types; "neo"
     learned: bool = False  # a learned table of absolute positions
     sdpa: bool = True  # supports attn_implementation="sdpa" (else always "eager")
+    eager: bool = True  # runs with attn_implementation="eager" (transformers 5.24's MLA models do not)
     weight: int = 2  # how often it is drawn, relative
+    extra: tuple[tuple[str, Any], ...] = ()  # fixed config fields (experts, ...)
 
+
+_EXPERTS = (("num_local_experts", 4), ("num_experts_per_tok", 2))
+_MOE = (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 16))
+_MLA = (("kv_lora_rank", 16), ("q_lora_rank", 16))  # qk_rope / qk_nope / v head dims follow head_dim
+_DEEPSEEK = (*_MLA, *_MOE[1:], ("n_routed_experts", 4), ("n_group", 1), ("topk_group", 1), ("first_k_dense_replace", 1))
 
 ARCHS: dict[str, Arch] = {
     "llama": Arch("LlamaConfig", "LlamaForCausalLM", "llama", rope=True, weight=6),
@@ -109,6 +116,53 @@ ARCHS: dict[str, Arch] = {
     "gptj": Arch("GPTJConfig", "GPTJForCausalLM", "gptj", kv_heads=False),
     "codegen": Arch("CodeGenConfig", "CodeGenForCausalLM", "gptj", kv_heads=False, weight=1),
     "bloom": Arch("BloomConfig", "BloomForCausalLM", "bloom", kv_heads=False, sdpa=False, weight=1),  # ALiBi: refused
+    # Mixtures of experts, latent attention (MLA), attention sinks, and more of the llama family.
+    "qwen2_moe": Arch("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "llama", rope=True, window="qwen", weight=1, extra=_MOE),
+    "qwen3_moe": Arch("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "llama", rope=True, head_dim=True, weight=1, extra=_MOE),
+    "olmoe": Arch("OlmoeConfig", "OlmoeForCausalLM", "llama", rope=True, weight=1, extra=_MOE),
+    "granitemoe": Arch("GraniteMoeConfig", "GraniteMoeForCausalLM", "llama", rope=True, weight=1, extra=_EXPERTS),
+    "phimoe": Arch("PhimoeConfig", "PhimoeForCausalLM", "llama", rope=True, window="plain", weight=1, extra=_EXPERTS),
+    "deepseek_v3": Arch(
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        "llama",
+        rope=True,
+        kv_heads=False,
+        eager=False,
+        weight=2,
+        extra=_DEEPSEEK,
+    ),
+    "minicpm3": Arch(
+        "MiniCPM3Config", "MiniCPM3ForCausalLM", "llama", rope=True, kv_heads=False, eager=False, weight=1, extra=_MLA
+    ),
+    "exaone4": Arch("Exaone4Config", "Exaone4ForCausalLM", "llama", rope=True, window="types", weight=1),
+    "gpt_oss": Arch(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        "llama",
+        rope=True,
+        head_dim=True,
+        window="types",
+        sdpa=False,
+        weight=2,
+        extra=_EXPERTS,
+    ),
+    "ernie4_5": Arch("Ernie4_5Config", "Ernie4_5ForCausalLM", "llama", rope=True, head_dim=True, weight=1),
+    "hunyuan": Arch("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", "llama", rope=True, head_dim=True, weight=1),
+    "seed_oss": Arch("SeedOssConfig", "SeedOssForCausalLM", "llama", rope=True, head_dim=True, weight=1),
+    "apertus": Arch("ApertusConfig", "ApertusForCausalLM", "llama", rope=True, weight=1),
+    "diffllama": Arch("DiffLlamaConfig", "DiffLlamaForCausalLM", "llama", rope=True, weight=1),
+    "nemotron": Arch("NemotronConfig", "NemotronForCausalLM", "llama", rope=True, partial=0.5, weight=1),
+    "lfm2": Arch("Lfm2Config", "Lfm2ForCausalLM", "llama", rope=True, weight=1),  # with conv layers: refused
+    # Position tables: learned (GPT-1), sinusoidal of a fixed size (CTRL), sinusoidal that grows (XGLM).
+    "openai": Arch(
+        "OpenAIGPTConfig", "OpenAIGPTLMHeadModel", "gpt2", learned=True, kv_heads=False, sdpa=False, weight=1
+    ),
+    "ctrl": Arch("CTRLConfig", "CTRLLMHeadModel", "gpt2", learned=True, kv_heads=False, weight=1),
+    "xglm": Arch("XGLMConfig", "XGLMForCausalLM", "xglm", kv_heads=False, sdpa=False, weight=1),
+    # Refused by design: recurrent state (Mamba), ALiBi (MPT).
+    "mamba": Arch("MambaConfig", "MambaForCausalLM", "mamba", kv_heads=False, sdpa=False, weight=1),
+    "mpt": Arch("MptConfig", "MptForCausalLM", "mpt", kv_heads=False, sdpa=False, weight=1),
 }
 
 
@@ -169,9 +223,18 @@ def config_kwargs(spec: ModelSpec) -> dict[str, Any]:
             kw["num_key_value_heads"] = spec.kv_heads
         if arch.head_dim:
             kw["head_dim"] = spec.head_dim
+        kw.update(dict(arch.extra))
+        if ("kv_lora_rank", 16) in arch.extra:
+            kw.update(qk_rope_head_dim=spec.head_dim, qk_nope_head_dim=spec.head_dim, v_head_dim=spec.head_dim)
+        if spec.arch == "qwen2_moe":
+            kw["shared_expert_intermediate_size"] = 16
+        if spec.arch == "lfm2":
+            kw["layer_types"] = o.get("lfm2_layers", ["full_attention"] * spec.layers)
     elif arch.family == "gpt2":
         kw.update(n_embd=hidden, n_layer=spec.layers, n_head=spec.heads, n_positions=spec.positions)
         kw["initializer_range"] = spec.init
+        if spec.arch == "ctrl":
+            kw["dff"] = 2 * hidden
         if spec.arch == "gpt_bigcode":
             kw["multi_query"] = o.get("multi_query", True)
     elif arch.family == "gptj":
@@ -216,6 +279,13 @@ def config_kwargs(spec: ModelSpec) -> dict[str, Any]:
         )
     elif arch.family == "bloom":
         kw.update(n_layer=spec.layers, n_head=spec.heads, initializer_range=spec.init)
+    elif arch.family == "xglm":
+        kw.update(d_model=hidden, num_layers=spec.layers, attention_heads=spec.heads, ffn_dim=2 * hidden)
+        kw.update(max_position_embeddings=spec.positions, init_std=spec.init)
+    elif arch.family == "mamba":
+        kw.update(hidden_size=hidden, num_hidden_layers=spec.layers, state_size=4, initializer_range=spec.init)
+    elif arch.family == "mpt":
+        kw.update(d_model=hidden, n_heads=spec.heads, n_layers=spec.layers, max_seq_len=spec.positions)
     # Rotary settings.
     if arch.rope and spec.rope is not None and not o.get("alibi"):
         rope = dict(spec.rope)
@@ -348,7 +418,7 @@ def draw_model_spec(
             tied=rng.random() < 0.5,
             sharpen=rng.choice([1.0, 4.0, 4.0, 8.0]),
             init=rng.choice([0.02, 0.1, 0.3]),  # larger: peakier attention, where mask errors show
-            attn="eager" if rng.random() < 0.2 or not arch.sdpa else "sdpa",
+            attn="eager" if (rng.random() < 0.2 and arch.eager) or not arch.sdpa else "sdpa",
         )
         o = spec.options
         if arch.rope and rng.random() < 0.7:
@@ -361,6 +431,8 @@ def draw_model_spec(
                 spec.layer_types = [rng.choice(["sliding_attention", "full_attention"]) for _ in range(spec.layers)]
             if arch.window == "qwen" and name != "smollm3":
                 o["max_window_layers"] = rng.randint(0, spec.layers)
+        if name == "lfm2" and rng.random() < 0.5:
+            o["lfm2_layers"] = [rng.choice(["conv", "full_attention"]) for _ in range(spec.layers)]
         if name == "smollm3" and rng.random() < 0.5:
             o["no_rope_layers"] = [rng.randint(0, 1) for _ in range(spec.layers)]
         if name == "mixtral":

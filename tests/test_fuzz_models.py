@@ -81,6 +81,10 @@ PINNED: dict[str, tuple[Case, str]] = {
         ),
         "CRASH: RuntimeError: OPT's lm_head reads word_embed_proj_dim features, not hidden_size ones",
     ),
+    "openai_gpt_target": (
+        _pinned("lookup", _spec("openai"), path_kwargs=LOOKUP),
+        "CRASH: RuntimeError in OpenAIGPT's attention (permute of a 6-D tensor): it does not take the 4D mask",
+    ),
     "eagle_heads_deeper_than_smollm3": (
         _pinned(
             "medusa",
