@@ -70,7 +70,7 @@ def test_a_dynamically_quantised_draft_keeps_plain_greedy() -> None:
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["acceptance_rate"] > 0.5
     # Its lm_head has no weight tensor to gather a draft vocabulary's rows from: refused, saying why.
-    with pytest.raises(ValueError, match=r"draft vocabulary needs the output layer.s weights.*quantised"):
+    with pytest.raises(ValueError, match=r"draft vocabulary .* gathers rows of the output layer.s weight.*quantised"):
         target.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=4, assistant=draft, assistant_vocab=torch.tensor([1, 2])
         )

@@ -152,17 +152,35 @@ class CachedSequence:
         mask = self._mask(new_valid, new_positions, structure, recent)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-        outputs = self.model(
-            **inputs,
-            attention_mask=mask,
-            position_ids=new_positions,
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=output_hidden_states,
-            **extra,
-        )
+        call = {"attention_mask": mask, "position_ids": new_positions, "cache": self.cache, "use_cache": True}
+        if self.num_slots > 0:
+            outputs = self.model(**inputs, **call, output_hidden_states=output_hidden_states, **extra)
+        else:
+            outputs = self._first_forward(inputs, call, output_hidden_states, extra, new_valid.shape[1])
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.positions = torch.cat([self.positions, new_positions], dim=1)
+        return outputs
+
+    def _first_forward(
+        self, inputs: dict, call: dict, output_hidden_states: bool, extra: dict, width: int
+    ) -> CausalLMOutputWithPast:
+        """The first forward (the prompts): a model that cannot take a custom 4D mask, or that keeps no KV cache,
+        fails here, before any token is decoded, and is refused as such."""
+        name = type(self.model).__name__
+        try:
+            outputs = self.model(**inputs, **call, output_hidden_states=output_hidden_states, **extra)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, IndexError, TypeError) as error:
+            raise ValueError(
+                f"{name} cannot run a forward with the custom 4D attention mask, positions and cache that speculative "
+                f"decoding passes ({type(error).__name__}: {error}). Decode this model with plain `generate()`."
+            ) from error
+        if self.cache.get_seq_length() != width:
+            raise ValueError(
+                f"{name} keeps no KV cache (plain `generate()` recomputes the whole text at every step), and "
+                "speculative decoding verifies drafts against a cache. Decode this model with plain `generate()`."
+            )
         return outputs
 
     def keep_prefix(self, num_new: int, num_keep: torch.Tensor, keep_max: int | None = None) -> None:
