@@ -85,6 +85,10 @@ PINNED: dict[str, tuple[Case, str]] = {
         _pinned("lookup", _spec("openai"), path_kwargs=LOOKUP),
         "CRASH: RuntimeError in OpenAIGPT's attention (permute of a 6-D tensor): it does not take the 4D mask",
     ),
+    "eagle_heads_on_mamba": (
+        _pinned("medusa", _spec("mamba"), heads={**HEADS, "head_type": "eagle"}, path_kwargs={"medusa": True}),
+        "CRASH: AttributeError: EAGLE's decoder config sets layer_types, a read-only property of MambaConfig",
+    ),
     "eagle_heads_deeper_than_smollm3": (
         _pinned(
             "medusa",
@@ -104,6 +108,18 @@ def test_pinned_failure_classes(name: str) -> None:
     if result.failure:
         pytest.xfail(f"{failure}; now: {result.outcome.splitlines()[0][:200]}")
     assert not result.failure
+
+
+def test_gpt_bigcode_is_not_refused_for_a_causal_table_its_forward_does_not_read() -> None:
+    """GPT-BigCode keeps a `bias` buffer of max_position_embeddings x max_position_embeddings, but transformers 5.24
+    masks its attention with `create_causal_mask`: a tree verified at the position limit, with a ragged batch, gave
+    plain's tokens (up to ec60424); since 00c72ae every GPT-BigCode target is refused for that table."""
+    case = _pinned("assistant_tree", _spec("gpt_bigcode", heads=4, head_dim=8, positions=28), draft=TWIN)
+    case.path_kwargs = {"tree": 8}
+    result = run_case(case)
+    if "causal table" in result.outcome:
+        pytest.xfail(f"refused for an unused table: {result.outcome[:160]}")
+    assert result.kind == "same", result.outcome
 
 
 def test_eagle_heads_on_an_eager_only_base_get_the_librarys_own_refusal_or_work() -> None:
