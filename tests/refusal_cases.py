@@ -182,6 +182,42 @@ def short_gpt2() -> PreTrainedModel:
     return GPT2LMHeadModel(config).eval()
 
 
+def gpt_neo() -> PreTrainedModel:
+    """A tiny GPT-Neo: a causal-mask table sliced by cache length, and local attention by cache slot."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPTNeoConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        attention_types=[[["global", "local"], 1]],
+        window_size=4,
+        max_position_embeddings=64,
+        **_SPECIAL,
+    )
+    return transformers.GPTNeoForCausalLM(config).eval()
+
+
+def one_token_window() -> PreTrainedModel:
+    """A tiny Mistral whose sliding window is a single token."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=1,
+        **_SPECIAL,
+    )
+    return transformers.MistralForCausalLM(config).eval()
+
+
 def mistral() -> PreTrainedModel:
     """A tiny model with sliding-window attention."""
     return tiny_model("mistral", seed=0)
@@ -551,6 +587,8 @@ CASES: tuple[Case, ...] = (
     Case("mamba-draft", MODELS, "a Mamba draft", DRAFT_PATHS, _draft(lambda models: models.shared(mamba))),
     Case("rwkv-draft", MODELS, "an RWKV draft", DRAFT_PATHS, _draft(lambda models: models.shared(rwkv))),
     Case("alibi-target", MODELS, "a target with ALiBi positions (BLOOM)", PATHS, _target(bloom)),
+    Case("slot-mask-target", MODELS, "a target that masks by cache slot (GPT-Neo)", PATHS, _target(gpt_neo)),
+    Case("one-token-window", MODELS, "a target with a one-token sliding window", PATHS, _target(one_token_window)),
     Case("flex-attention", MODELS, "a target loaded with `attn_implementation='flex_attention'`", PATHS,
          _target(_flex_attention)),
     Case("heads-for-another-base", MODELS,
