@@ -582,8 +582,8 @@ def _draw_inputs(
     else:
         lengths = [rng.randint(1, width) for _ in range(batch)]
         lengths[rng.randrange(batch)] = width
-        if rng.random() < 0.05:
-            lengths[rng.randrange(batch)] = 0  # a row that is all padding
+        if rng.random() < 0.02:
+            lengths[rng.randrange(batch)] = 0  # a row that is all padding (refused)
     _, eos, pad = specials
     pad_value = pad if pad is not None else (eos if eos is not None else 0)
     ids: list[list[int]] = []

@@ -12,7 +12,8 @@ drawn again by `tests.fuzz_models.draw_case(p, "S:p:i")`), a one-line descriptio
 "refused: <Type>: <message>", "both refused: ...", "DIFFERENT: <first differing position, tokens>" or
 "CRASH: <Type>: <message>\\n<traceback>"), whether it is a failure, where an error was raised, the generation
 arguments used, the seconds the case took and the whole case as JSON. Paths are interleaved case by case, so an
-interrupted run covers every path evenly; `--start` resumes (or splits a run over processes).
+interrupted run covers every path evenly; `--start` resumes; `--jobs` runs cases in several processes (lines are
+written in case order).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import multiprocessing
 import re
 import sys
 import time
@@ -84,6 +86,31 @@ def summarise(lines: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_one(item: tuple[str, str] | dict[str, Any]) -> dict[str, Any]:
+    """One case (drawn from (path, seed), or rerun from its JSON), as its JSON line."""
+    from tests.fuzz_models import Case, draw_case, record, run_case
+
+    case = Case.from_json(item) if isinstance(item, dict) else draw_case(*item)
+    return record(case, run_case(case))
+
+
+def _write(lines: Any, sink: Any, counts: collections.Counter[str], quiet: bool) -> None:
+    for line in lines:
+        sink.write(json.dumps(line) + "\n")
+        sink.flush()
+        counts[line["kind"]] += 1
+        if line["failure"] and not quiet:
+            print(
+                f"{line['path']} {line['seed']}: {line['outcome'].splitlines()[0][:240]}", file=sys.stderr, flush=True
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases-per-path", type=int, default=100)
@@ -91,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the JSON lines file (appended to)")
     parser.add_argument("--paths", default=None, help="comma-separated subset of the paths (default: all)")
     parser.add_argument("--start", type=int, default=0, help="the first case index (resume, or split a run)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (tiny models: 1 is fastest)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (tiny models: 1 is fastest)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (cases are independent)")
     parser.add_argument("--rerun", type=Path, help="rerun the failing cases of this JSON lines file")
     parser.add_argument("--summary", type=Path, help="summarise this JSON lines file and exit")
     parser.add_argument("--quiet", action="store_true", help="no line per failure on stderr")
@@ -106,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import hf_specdec
-    from tests.fuzz_models import PATHS, Case, draw_case, record, run_case
+    from tests.fuzz_models import PATHS
 
     torch.set_num_threads(args.threads)
     print(f"hf_specdec from {Path(hf_specdec.__file__).parent}", flush=True)
@@ -115,31 +143,27 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown paths {unknown}; the paths are {', '.join(PATHS)}")
 
+    work: list[tuple[str, str] | dict[str, Any]]  # (path, seed) to draw, or a case's JSON to rerun
     if args.rerun is not None:
         old = [json.loads(line) for line in args.rerun.read_text().splitlines() if line.strip()]
-        work = [Case.from_json(line["case"]) for line in old if line["failure"]]
+        work = [line["case"] for line in old if line["failure"]]
     else:
-        work = None
-
-    def cases() -> Any:
-        if work is not None:
-            yield from work
-            return
-        for i in range(args.start, args.start + args.cases_per_path):
-            for path in paths:
-                yield draw_case(path, f"{args.seed}:{path}:{i}")
+        work = [
+            (path, f"{args.seed}:{path}:{i}")
+            for i in range(args.start, args.start + args.cases_per_path)
+            for path in paths
+        ]
 
     counts: collections.Counter[str] = collections.Counter()
     started = time.perf_counter()
     with args.out.open("a") as sink:
-        for case in cases():
-            result = run_case(case)
-            line = record(case, result)
-            sink.write(json.dumps(line) + "\n")
-            sink.flush()
-            counts[result.kind] += 1
-            if result.failure and not args.quiet:
-                print(f"{case.path} {case.seed}: {result.outcome.splitlines()[0][:240]}", file=sys.stderr, flush=True)
+        if args.jobs > 1:
+            context = multiprocessing.get_context("fork")
+            with context.Pool(args.jobs, initializer=_init_worker, initargs=(args.threads,)) as pool:
+                lines = pool.imap(_run_one, work, chunksize=4)
+                _write(lines, sink, counts, args.quiet)
+        else:
+            _write(map(_run_one, work), sink, counts, args.quiet)
     total = sum(counts.values())
     elapsed = time.perf_counter() - started
     print(f"{total} cases in {elapsed:.0f} s ({elapsed / max(total, 1):.2f} s/case): {dict(counts)}")
