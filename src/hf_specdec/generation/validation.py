@@ -39,6 +39,13 @@ def check_architecture(model: PreTrainedModel, role: str = "target") -> None:
     """Raise `ValueError` when `model` cannot take part in speculative decoding at all: an encoder-decoder, a
     model whose layers keep a recurrent state, or one without the positions and 4D masks verification needs
     (see `AttentionLayout`). `role` ("target" or "draft") names it in the messages."""
+    check_rollback(model, role)
+    AttentionLayout(model)  # layer types, position ids, attention implementation
+
+
+def check_rollback(model: PreTrainedModel, role: str = "target") -> None:
+    """Raise `ValueError` for a model whose state cannot be rolled back to an earlier token: an encoder-decoder
+    or a model whose layers keep a recurrent state."""
     if model.config.is_encoder_decoder:
         raise ValueError(
             f"The {role} ({type(model).__name__}) is an encoder-decoder model; speculative decoding here "
@@ -51,7 +58,6 @@ def check_architecture(model: PreTrainedModel, role: str = "target") -> None:
             "token when drafts are rejected. Speculative decoding supports attention-only decoders (full or "
             "sliding-window attention); decode this model with plain `generate()`."
         )
-    AttentionLayout(model)  # layer types, position ids, attention implementation
 
 
 def check_models(

@@ -26,7 +26,7 @@ from hf_specdec.generation.arguments import (
 )
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments
-from hf_specdec.generation.validation import output_vocab_size
+from hf_specdec.generation.validation import check_rollback, output_vocab_size
 from hf_specdec.medusa.card import model_card
 from hf_specdec.medusa.checkpoint import (
     ADAPTER_FOLDER,
@@ -85,6 +85,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     ) -> None:
         super().__init__()
         check_base(base, "base")
+        check_rollback(base, "base")  # heads draft for decoders whose cache rolls back
         if not isinstance(config, MedusaConfig):
             raise TypeError(
                 f"`config` must be a MedusaConfig, got {type(config).__name__}: pass MedusaConfig(...) (from a dict: "
