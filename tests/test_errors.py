@@ -26,7 +26,7 @@ def _generate(target, draft, **kwargs):
         ({"num_beams": 2}, "Beam search"),
         ({"output_attentions": True, "return_dict_in_generate": True}, "not available with `assistant=`"),
         ({"num_assistant_tokens": 0}, "positive integer"),
-        ({"num_assistant_tokens_schedule": "sometimes"}, "not supported"),
+        ({"num_assistant_tokens_schedule": "sometimes"}, "must be one of"),
         ({"assistant_confidence_threshold": 1.5}, r"\[0, 1\)"),
         ({"stop_strings": ["foo"]}, "tokenizer"),
         ({"penalty_alpha": 0.6, "top_k": 4}, "another decoding strategy"),
@@ -100,7 +100,7 @@ def test_a_cache_passed_in_is_refused(pair) -> None:
     from transformers import DynamicCache
 
     target, draft = pair
-    with pytest.raises(ValueError, match="builds and rolls back its own caches"):
+    with pytest.raises(ValueError, match="builds and rolls back its own KV caches"):
         _generate(target, draft, cache=DynamicCache())
 
 
