@@ -18,10 +18,6 @@ from tests.fuzz_models import ARCHS, PATHS, Case, ModelSpec, build_model, draw_c
 CASES_PER_PATH = 8
 SEED = "ci"
 
-# Cases of this run that hit failures known and not yet fixed in the library: (path, index) -> the failure. None at
-# 648f50c; a case listed here is an expected failure (not strict) until its fix lands.
-KNOWN: dict[tuple[str, int], str] = {}
-
 
 def _spec(arch: str, **fields: Any) -> ModelSpec:
     """A small model spec: 2 heads of 16, 1 layer, 96 ids (1 = bos, 2 = eos, 0 = pad), 64 positions, peaky weights."""
@@ -42,8 +38,8 @@ TWIN = {"kind": "twin", "noise": 0.05, "seed": 1, "positions": None, "dtype": "f
 HEADS = {"num_heads": 2, "num_layers": 1, "share_lm_head": True, "noise": 0.3, "seed": 1, "token_ids": None}
 LOOKUP = {"prompt_lookup_num_tokens": 3}
 
-# The failure classes the fuzzer found, one small case each: name -> (case, the failure it was pinned for). Fixed ones
-# pass (plain's tokens or a clear refusal); those still failing are expected failures (not strict). All pass at 648f50c.
+# Failure classes the fuzzer has found, one small case each: name -> (case, the failure it was pinned for). Each must
+# now give plain's tokens or a clear refusal.
 PINNED: dict[str, tuple[Case, str]] = {
     "sliding_window=1": (
         _pinned("lookup", _spec("mistral", window=1), path_kwargs=LOOKUP),
@@ -104,20 +100,16 @@ PINNED: dict[str, tuple[Case, str]] = {
 def test_pinned_failure_classes(name: str) -> None:
     case, failure = PINNED[name]
     result = run_case(case)
-    if result.failure:
-        pytest.xfail(f"{failure}; now: {result.outcome.splitlines()[0][:200]}")
-    assert not result.failure
+    assert not result.failure, f"{failure}; now: {result.outcome.splitlines()[0][:200]}"
 
 
 def test_gpt_bigcode_is_not_refused_for_a_causal_table_its_forward_does_not_read() -> None:
     """GPT-BigCode keeps a `bias` buffer of max_position_embeddings x max_position_embeddings, but transformers 5.24
-    masks its attention with `create_causal_mask`: a tree verified at the position limit, with a ragged batch, gave
-    plain's tokens (up to ec60424); since 00c72ae every GPT-BigCode target is refused for that table."""
+    masks its attention with `create_causal_mask`: a tree verified at the position limit, with a ragged batch, gives
+    plain's tokens, and the table is no reason to refuse it."""
     case = _pinned("assistant_tree", _spec("gpt_bigcode", heads=4, head_dim=8, positions=28), draft=TWIN)
     case.path_kwargs = {"tree": 8}
     result = run_case(case)
-    if "causal table" in result.outcome:
-        pytest.xfail(f"refused for an unused table: {result.outcome[:160]}")
     assert result.kind == "same", result.outcome
 
 
@@ -128,8 +120,7 @@ def test_eagle_heads_on_an_eager_only_base_get_the_librarys_own_refusal_or_work(
     case = _pinned("medusa", _spec("gemma2", layer_types=["full_attention"]), heads={**HEADS, "head_type": "eagle"})
     case.path_kwargs = {"medusa": True, "tree": 4}
     result = run_case(case)
-    if "scaled_dot_product_attention" in result.outcome:
-        pytest.xfail(f"misleading refusal: {result.outcome[:200]}")
+    assert "scaled_dot_product_attention" not in result.outcome, result.outcome
     assert not result.failure, result.outcome
     assert result.kind == "same" or result.origin.startswith("hf_specdec"), result.outcome
 
@@ -139,8 +130,6 @@ def test_eagle_heads_on_an_eager_only_base_get_the_librarys_own_refusal_or_work(
 def test_random_models_and_inputs_give_plain_greedy_or_a_clear_refusal(path: str, index: int) -> None:
     case = draw_case(path, f"{SEED}:{path}:{index}")
     result = run_case(case)
-    if result.failure and (path, index) in KNOWN:
-        pytest.xfail(KNOWN[(path, index)])
     assert not result.failure, f"{fuzz.describe(case)}\n{result.outcome}\nrerun:\n{fuzz.reproducer(case)}"
 
 

@@ -58,7 +58,11 @@ def position_table_limit(model: PreTrainedModel) -> int | None:
 
 def slot_indexed_mask_size(model: PreTrainedModel) -> int | None:
     """The size of a square causal-mask table the model slices by the length of its cache (GPT-Neo's `bias`), or
-    `None`. Such a model masks by cache slot, not by the masks and positions it is given."""
+    `None`. Such a model masks by cache slot, not by the masks and positions it is given. Models that attend through
+    transformers' attention interface mask with the masks they are given, whatever tables they keep (GPT-BigCode
+    allocates one it never reads)."""
+    if getattr(model, "_supports_attention_backend", False):
+        return None
     for _, buffer in model.named_buffers():
         if buffer.dim() >= 2 and buffer.shape[-1] == buffer.shape[-2] > 1 and buffer.dtype == torch.bool:
             return int(buffer.shape[-1])
