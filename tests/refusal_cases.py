@@ -313,6 +313,11 @@ def _call(**kwargs: Any) -> Call:
     return lambda models, path: models.generate(path)(**prompts(**kwargs))
 
 
+def _with_a_cache(models: Models, path: str) -> Any:
+    """The usual call with a cache to continue from (made per call: a cache kept alive would outlive the tests)."""
+    return models.generate(path)(**prompts(past_key_values=DynamicCache()))
+
+
 def _edited(edit: Callable[[torch.Tensor, torch.Tensor], None]) -> Call:
     """The usual call on three ragged prompts after `edit(input_ids, attention_mask)` changed them in place."""
 
@@ -472,7 +477,7 @@ CASES: tuple[Case, ...] = (
     Case("no-cache", SETTINGS, "`use_cache=False`", PATHS, _call(use_cache=False)),
     Case("static-cache", SETTINGS, "`cache_implementation='static'`", PATHS, _call(cache_implementation="static")),
     Case("a-cache", SETTINGS, "a cache to continue from (`past_key_values=`)", PATHS,
-         _call(past_key_values=DynamicCache())),
+         _with_a_cache),
     Case("output-attentions", SETTINGS, "`output_attentions=True`", PATHS,
          _call(output_attentions=True, return_dict_in_generate=True)),
     Case("output-hidden-states", SETTINGS, "`output_hidden_states=True`", PATHS,
