@@ -143,5 +143,5 @@ def test_vocabulary_rows_are_gathered_once_and_again_when_anything_changes() -> 
     assert torch.equal(rows(lm_head, ids)[0], lm_head.weight[ids])
     assert rows(lm_head, ids, torch.float64)[0].dtype == torch.float64
     assert pickle.loads(pickle.dumps(rows))._rows is None
-    with pytest.raises(ValueError, match="gathers rows of the output layer.s weight"):
+    with pytest.raises(ValueError, match=r"gathers rows of the output layer.s weight"):
         rows(torch.nn.Identity(), ids)
