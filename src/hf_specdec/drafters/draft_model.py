@@ -182,9 +182,10 @@ class DraftModelDrafter(ChainDrafter):
         """
         self._policy = policy
         target_device = buffer.tokens.device
-        if not self.can_draft(next_position):
+        room = self.room_to_draft(next_position)
+        if room < 1:
             return Chain(torch.zeros(next_position.shape[0], 0, dtype=torch.long, device=target_device))
-        num_tokens = min(max(1, min(policy.current, max_tokens)), self.position_room(next_position))
+        num_tokens = min(max(1, min(policy.current, max_tokens)), room)
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
         ids, valid, positions = self._pending_inputs(next_position, last_position)
@@ -240,22 +241,19 @@ class DraftModelDrafter(ChainDrafter):
             return Chain(draft_tokens, q=q, forwards=k)
         return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k)
 
-    def position_room(self, next_position: torch.Tensor) -> int:
-        """How many tokens a step can draft before some row's draft positions pass the draft's position table
-        (a step feeds positions up to `next_position + k - 2`: the last draft is never fed); unbounded for
-        drafts that take any position."""
+    def room_to_draft(self, next_position: torch.Tensor) -> int:
+        """How many tokens a step starting at `next_position` `(active,)` can draft before some row's draft
+        positions pass the draft's position table (a step feeds positions up to `next_position + k - 2`: the last
+        draft is never fed); unbounded for drafts that take any position. Once it is 0, the draft stops for good
+        (`exhausted`: positions only grow)."""
         if self.exhausted:
             return 0
         if self.position_limit is None:
             return 1 << 30
-        return self.position_limit + 1 - int(next_position.max())
-
-    def can_draft(self, next_position: torch.Tensor) -> bool:
-        """Whether a step starting at `next_position` `(active,)` can draft a token; once it cannot, the draft
-        stops for good (`exhausted`)."""
-        if not self.exhausted and self.position_room(next_position) < 1:
+        room = self.position_limit + 1 - int(next_position.max())
+        if room < 1:
             self._exhaust()
-        return not self.exhausted
+        return max(room, 0)
 
     def _exhaust(self) -> None:
         """Stop drafting for good (positions only grow): drop the draft's cache and what it had not seen."""

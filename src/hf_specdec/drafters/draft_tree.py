@@ -92,10 +92,11 @@ class DraftTreeDrafter(DraftModelDrafter):
     ) -> Proposal:
         """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one) nor than the
         draft's positions reach (nothing once they are used up: a plain step)."""
-        if not self.can_draft(next_position):
+        room = self.room_to_draft(next_position)
+        if room < 1:
             return chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
-        spec = self.tree.within(min(max_tokens, self.position_room(next_position)))
+        spec = self.tree.within(min(max_tokens, room))
         target_device = buffer.tokens.device
         rows = buffer.active.shape[0]
         last_position = buffer.max_length - 1

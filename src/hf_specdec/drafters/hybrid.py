@@ -64,7 +64,9 @@ class HybridDrafter(ChainDrafter):
         draft model's (`policy`: the loop's, for the draft model's length and the measured costs); the lookup's
         alone once the draft model has no positions left to draft at."""
         looked_up = self.lookup.draft_chain(buffer, next_position, policy, max_tokens)
-        if not self.model.can_draft(next_position) or self._lookup_pays(looked_up, int(buffer.active.numel()), policy):
+        if self.model.room_to_draft(next_position) < 1 or self._lookup_pays(
+            looked_up, int(buffer.active.numel()), policy
+        ):
             self.last = looked_up
         else:
             self.last = self.model.draft_chain(buffer, next_position, policy, max_tokens)

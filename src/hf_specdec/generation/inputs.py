@@ -135,18 +135,26 @@ def check_generate_arguments(model: PreTrainedModel, inputs: Any, kwargs: dict[s
             f"`input_ids` must be 2D (batch, prompt length), got shape {tuple(input_ids.shape)}: for one prompt, "
             "pass `input_ids[None]`."
         )
-    expected = {
-        "attention_mask": (torch.Tensor, "a tensor of shape (batch, prompt length)"),
-        "generation_config": (GenerationConfig, "a transformers GenerationConfig"),
-    }
-    for name, (kind, takes) in expected.items():
-        if (value := kwargs.get(name)) is not None and not isinstance(value, kind):
-            raise TypeError(f"`{name}` must be {takes} or None, got {type(value).__name__}.")
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        raise TypeError(
+            f"`attention_mask` must be a tensor of shape (batch, prompt length) or None, got {type(mask).__name__}."
+        )
+    check_generation_config_type(kwargs.get("generation_config"))
     streamer = kwargs.get("streamer")
     if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
         raise TypeError(
             "`streamer` must have `put` and `end` methods (e.g. transformers' TextStreamer), got "
             f"{type(streamer).__name__}."
+        )
+
+
+def check_generation_config_type(generation_config: Any) -> None:
+    """Refuse a `generation_config` that is not a transformers `GenerationConfig` (nor `None`)."""
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(
+            f"`generation_config` must be a transformers GenerationConfig or None, got "
+            f"{type(generation_config).__name__}: pass `GenerationConfig(...)`, or the settings as arguments."
         )
 
 

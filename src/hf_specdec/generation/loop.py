@@ -38,7 +38,7 @@ from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyO
 from hf_specdec.generation.positions import check_position_limits
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.sequences import TokenBuffer
-from hf_specdec.generation.validation import check_architecture, check_generation_config, output_vocab_size
+from hf_specdec.generation.validation import check_generation_config, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
@@ -206,7 +206,6 @@ def decode(
         raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}.")
     if acceptance == "typical" and not generation_config.do_sample:
         raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
-    check_architecture(model, "target")
     attention_mask = model_kwargs.pop("attention_mask", None)
     reject_model_kwargs(model_kwargs)
     check_prompts(model, input_ids, attention_mask)
@@ -403,12 +402,6 @@ def reject_model_kwargs(model_kwargs: dict[str, Any]) -> None:
     """Model inputs other than token ids and a padding mask cannot be carried through speculative steps
     (the cache and positions `generate()` prepared are replaced by ours)."""
     unsupported = sorted(k for k, v in model_kwargs.items() if k not in _IGNORED_KWARGS and v is not None)
-    if "inputs_embeds" in unsupported:
-        raise ValueError(
-            "Speculative decoding continues token ids: drafts are token ids, and the target verifies them by id. "
-            "Pass `input_ids` (with their `attention_mask`) instead of `inputs_embeds`, or run plain `generate()` "
-            "(without `assistant=`, prompt lookup or `medusa=True`) for embeddings."
-        )
     if unsupported:
         raise ValueError(
             f"Speculative decoding takes `input_ids` and `attention_mask` only; got {unsupported}. "

@@ -30,7 +30,7 @@ from hf_specdec.generation.arguments import (
 )
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.draft_length import SCHEDULES, DraftLengthPolicy
-from hf_specdec.generation.inputs import check_generate_arguments
+from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
 from hf_specdec.generation.loop import speculative_decode
 from hf_specdec.generation.validation import check_models, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
@@ -88,17 +88,10 @@ class SpeculativeGenerationMixin:
         **kwargs: Any,
     ) -> Any:
         if generation_config is not None and not isinstance(generation_config, GenerationConfig):
-            if (
-                assistant is None
-                and tree is None
-                and assistant_vocab is None
-                and not kwargs.get("prompt_lookup_num_tokens")
-            ):
+            speculative_call = any(x is not None for x in (assistant, tree, assistant_vocab))
+            if not speculative_call and not kwargs.get("prompt_lookup_num_tokens"):  # plain generate()'s own error
                 return super().generate(inputs, generation_config, *args, **kwargs)  # type: ignore[misc]
-            raise TypeError(
-                f"`generation_config` must be a transformers GenerationConfig or None, got "
-                f"{type(generation_config).__name__}: pass `GenerationConfig(...)`, or the settings as arguments."
-            )
+            check_generation_config_type(generation_config)
         lookup_tokens = requested(self, generation_config, kwargs, "prompt_lookup_num_tokens")  # type: ignore[arg-type]
         if assistant is None and assistant_vocab is not None:
             raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
