@@ -106,8 +106,14 @@ def _replace_heavy_work(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
         world.calls.append("export")
         return 0
 
+    def run_overhead(args) -> int:
+        assert args.paths and args.new_tokens >= 1 and args.repeats >= 1
+        world.calls.append("overhead")
+        return 0
+
     monkeypatch.setattr(demo, "run_demo", run_demo)
     monkeypatch.setattr(bench_cli, "run_bench", run_bench)
+    monkeypatch.setattr(bench_cli, "run_overhead", run_overhead)
     monkeypatch.setattr(serving_cli, "run_export", run_export)
     monkeypatch.setattr(prompts, "sharegpt_v3_conversations", lambda: list(RECORDS))
 
@@ -140,6 +146,13 @@ def _specs(world: World) -> dict[str, dict]:
             "--cost-curve": None,
             "--seed": INTS,
             "--out": outputs,
+        },
+        "overhead": {
+            "--paths": (["plain", "plain,lookup", "eagle,tree-8"], ["", ",", "plain,nope", "Plain"]),
+            "--new-tokens": INTS,
+            "--batch-size": INTS,
+            "--repeats": INTS,
+            "--seed": INTS,
         },
         "data": {
             "--n": INTS,
@@ -222,7 +235,7 @@ def _check_property(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None
         assert lines[0].startswith("hf-specdec"), f"{argv}: {lines[0]}"
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "data", "simulate", "export"])
+@pytest.mark.parametrize("command", ["demo", "bench", "overhead", "data", "simulate", "export"])
 def test_every_drawn_command_line_succeeds_or_fails_in_one_line(command: str, world: World, capsys) -> None:
     @FUZZ
     @given(data=st.data())

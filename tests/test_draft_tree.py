@@ -142,7 +142,7 @@ def test_nodes_worth_verifying_pay_for_their_verification() -> None:
     rows verify one width, which grows while the next node brings the least advanced rows at least the cost."""
     probs = torch.tensor([[1.0, 0.2, 0.9, 0.05, 0.5], [1.0, 0.1, 0.0, 0.8, 0.1]])  # the root first, pool order
     scores = probs.log()
-    both, second = torch.tensor([True, True]), torch.tensor([False, True])
+    both, second = [True, True], [False, True]
     assert nodes_worth_verifying(scores, 4, both, 0.1) == 3  # mean gains 0.85, 0.3, 0.15, 0.025
     assert nodes_worth_verifying(scores, 4, both, 0.5) == 1
     assert nodes_worth_verifying(scores, 4, both, 0.01) == 4

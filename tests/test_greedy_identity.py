@@ -155,9 +155,9 @@ def test_cache_compaction_keeps_identity(monkeypatch: pytest.MonkeyPatch) -> Non
     compactions = []
     original = kv_cache.CachedSequence.compact
 
-    def counting(self):
+    def counting(self, width=None):
         compactions.append(self.num_slots)
-        original(self)
+        original(self, width)
 
     monkeypatch.setattr(kv_cache, "MIN_WASTE", 0)  # compact after every step
     monkeypatch.setattr(kv_cache, "COMPACT_FRACTION", 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from hf_specdec.bench.host_reads import count_host_reads
@@ -40,3 +41,91 @@ def test_other_threads_and_the_time_after_are_not_counted() -> None:
         thread.join()
     x.sum().item()
     assert sum(reads.values()) == 0
+
+
+# --- the decoding loop reads the device a bounded number of times per step ---------------------------------------
+
+# Reads a generate() call makes once, whatever its length (transformers' own preparation, the prefill, the
+# first token, the output); the bound below allows these on top of the per-step ones.
+PER_CALL = 16
+NEW_TOKENS = 64
+
+
+def _count_draft_forwards(module: torch.nn.Module) -> list[int]:
+    calls = [0]
+    module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def _run(path: str, batch: int) -> tuple[int, int, int]:
+    """(host reads, steps, draft forwards) of one generation on `path` with fixed costs."""
+    from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+    from tests.tiny_models import ragged_batch, tiny_model, tiny_target
+
+    ids, mask = ragged_batch(batch, seed=1)
+    common = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=path.endswith("sampled"),
+        return_dict_in_generate=True,
+        speculative_costs=SpeculativeCosts(0.001, 0.001),  # cheap: every step drafts, and the rules still weigh
+    )
+    draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    forwards = _count_draft_forwards(draft)
+    if path in ("medusa", "eagle"):
+        model = MedusaForCausalLM.from_base(
+            tiny_model("llama", seed=0, sharpen=4.0), MedusaConfig(num_heads=3, head_type=path)
+        )
+        forwards = _count_draft_forwards(model.heads.decoder if path == "eagle" else model.heads)
+        call = lambda: model.generate(**common, medusa=True)  # noqa: E731
+    else:
+        target = tiny_target("llama")
+        constant = dict(assistant=draft, num_assistant_tokens=4, num_assistant_tokens_schedule="constant")
+        settings = {
+            "assistant constant": constant,
+            "assistant constant sampled": constant,
+            "assistant adaptive": dict(assistant=draft),
+            "draft tree": dict(assistant=draft, tree=8),
+            "lookup": dict(prompt_lookup_num_tokens=4),
+            "hybrid": dict(assistant=draft, prompt_lookup_num_tokens=4),
+        }[path]
+        call = lambda: target.generate(**common, **settings)  # noqa: E731
+    call()  # warm: lazily built state is not what is measured
+    forwards[0] = 0
+    with count_host_reads() as reads:
+        out = call()
+    return sum(reads.values()), int(out.speculative.target_forwards.max()), forwards[0]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "path",
+    ["assistant constant", "assistant constant sampled", "lookup", "medusa"],
+)
+def test_a_step_reads_the_device_at_most_twice(path: str, batch: int) -> None:
+    reads, steps, _ = _run(path, batch)
+    assert steps > 10
+    assert reads <= 2 * steps + PER_CALL, (reads, steps)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("path", ["assistant adaptive", "draft tree", "hybrid", "eagle"])
+def test_drafting_that_stops_on_what_it_drafted_reads_once_more_per_draft_forward(path: str, batch: int) -> None:
+    reads, steps, draft_forwards = _run(path, batch)
+    assert steps > 5 and draft_forwards > 0
+    assert reads <= 2 * steps + draft_forwards + PER_CALL, (reads, steps, draft_forwards)
+
+
+def test_the_overhead_table_puts_plain_first_and_counts_per_step() -> None:
+    from hf_specdec.bench.overhead import format_overhead, measure_overhead
+
+    rows = measure_overhead(["assistant-constant", "lookup"], new_tokens=24, repeats=1)
+    assert [row.path for row in rows] == ["plain", "assistant-constant", "lookup"]
+    plain, constant, _ = rows
+    assert plain.relative == 1.0 and plain.tokens_per_step == 1.0
+    assert constant.tokens_per_step > 3.0  # a perfect draft of 4 tokens: up to 5 tokens per step
+    assert constant.reads_per_step < plain.reads_per_step * 4
+    assert format_overhead(rows).count("\n") == len(rows) + 1
+    with pytest.raises(ValueError, match="Unknown overhead paths"):
+        measure_overhead(["tree"])

@@ -92,8 +92,10 @@ def test_draft_model_catches_up_on_committed_tokens() -> None:
     )
     drafter.pending = torch.tensor([[0, 7], [5, 6]])
     drafter.pending_count = torch.tensor([1, 2])
-    drafter.catch_up(torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.tensor([3, 1]))
-    assert drafter.pending.tolist() == [[7, 11, 12, 13], [0, 5, 6, 21]]
+    drafter._pending_most = 2  # the host's bound on pending_count, kept with it
+    drafter.catch_up(torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.tensor([3, 1]), most=3)
+    # Width: the most it had not seen plus the most committed (known to the host without reading the counts).
+    assert drafter.pending.tolist() == [[0, 7, 11, 12, 13], [0, 0, 5, 6, 21]]
     assert drafter.pending_count.tolist() == [4, 3]
 
 
@@ -131,10 +133,10 @@ def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, a
     model_steps: list[tuple[list[int], int]] = []
     commit = HybridDrafter.commit_chain
 
-    def recording_commit(self, num_accepted, num_drafted, next_token):
+    def recording_commit(self, num_accepted, num_drafted, next_token, outcome=None):
         if not self.last.looked_up:
             model_steps.append((num_accepted.tolist(), num_drafted))
-        commit(self, num_accepted, num_drafted, next_token)
+        commit(self, num_accepted, num_drafted, next_token, outcome)
 
     monkeypatch.setattr(HybridDrafter, "commit_chain", recording_commit)
     ids, mask = ragged_batch(3, seed=11)
@@ -156,14 +158,13 @@ def test_draft_cache_stays_in_sync_across_lookup_steps(arch: str, monkeypatch, a
 def test_lookup_learns_from_model_steps() -> None:
     """On a model step, the lookup's own proposal is scored against the committed tokens: positions it got
     right count as accepted, the first wrong one as rejected, positions past the committed ones not at all."""
-    from hf_specdec.drafters.base import Chain
     from hf_specdec.drafters.lookup import PromptLookupDrafter
 
     lookup = PromptLookupDrafter(num_tokens=4, max_ngram_size=1)
     lookup._sizes = [1, 1]
-    lookup._last = Chain(torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]]), lengths=torch.tensor([4, 4]), looked_up=True)
+    lookup._tokens, lookup._lengths = [[5, 6, 7, 8], [5, 6, 7, 8]], [4, 4]  # what it looked up last
     # Row 0 committed 5, 6, 9 (two right, then wrong); row 1 committed only 5 (one right, the rest unknown).
-    lookup.observe(torch.tensor([[5, 6, 9, 0], [5, 0, 0, 0]]), torch.tensor([3, 1]))
+    lookup.observe([[5, 6, 9], [5]])
     history = lookup.history[1]
     assert history._reached[:3] == pytest.approx([2.0, 1.0, 1.0])
     assert history._accepted[:3] == pytest.approx([2.0, 1.0, 0.0])

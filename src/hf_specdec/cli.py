@@ -1,4 +1,4 @@
-"""The `hf-specdec` command line: `demo`, `bench`, `simulate`, `data` and `export`.
+"""The `hf-specdec` command line: `demo`, `bench`, `overhead`, `simulate`, `data` and `export`.
 
 Every subcommand refuses bad input before any work starts: argument types (below) refuse malformed and
 out-of-range values and paths that cannot be used, and each subcommand's check, run right after parsing, refuses
@@ -132,6 +132,7 @@ def build_parser() -> ArgumentParser:
     commands: dict[str, tuple[Callable[[Any], Any], Check, Run]] = {
         "demo": (_add_demo_parser, _check_demo, _run_demo),
         "bench": (bench.add_bench_parser, bench.check_bench_args, bench.run_bench),
+        "overhead": (bench.add_overhead_parser, bench.check_overhead_args, bench.run_overhead),
         "data": (_add_data_parser, _check_data, _run_data),
         "simulate": (simulator.add_simulate_parser, simulator.check_simulate_args, simulator.run_simulate),
         "export": (serving.add_export_parser, serving.check_export_args, serving.run_export),

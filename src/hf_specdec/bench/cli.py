@@ -204,3 +204,50 @@ def _report(result: BenchmarkResult, out: Path) -> int:
     if bad:
         print(json.dumps({"divergences_beyond_tie": bad}))
     return 1 if bad else 0
+
+
+# overhead -----------------------------------------------------------------------------------------------------
+
+
+def add_overhead_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `overhead` subcommand: host time per token and host reads per step, beside plain decoding."""
+    from hf_specdec.bench.overhead import PATHS
+
+    overhead = subparsers.add_parser(
+        "overhead",
+        help="host time per token and host reads per step of each path, beside plain generate()",
+        description="What each speculative path costs the host beside plain greedy generate(), on tiny random "
+        "Llamas whose forwards cost little: host time per generated token (wall time less the time inside model "
+        "forwards) and host reads per step (each one a wait on a GPU). Prints a markdown table.",
+        formatter_class=HelpFormatter,
+    )
+    overhead.add_argument(
+        "--paths", type=_overhead_paths, default=",".join(PATHS), help=f"comma-separated, from {list(PATHS)}"
+    )
+    overhead.add_argument("--new-tokens", type=positive_int, default=256, help="tokens to generate per row")
+    overhead.add_argument("--batch-size", type=positive_int, default=1, help="rows per generate() call")
+    overhead.add_argument("--repeats", type=positive_int, default=5, help="timed calls per path (the median counts)")
+    overhead.add_argument("--seed", type=random_seed, default=0, help="seed of the models and prompts")
+
+
+def _overhead_paths(text: str) -> list[str]:
+    from hf_specdec.bench.overhead import PATHS
+
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in PATHS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown paths {unknown}; choose from {list(PATHS)}")
+    return names
+
+
+def check_overhead_args(args: argparse.Namespace) -> None:
+    """Nothing beyond the argument types: the models are built from a config, nothing is downloaded."""
+
+
+def run_overhead(args: argparse.Namespace) -> int:
+    from hf_specdec.bench.overhead import format_overhead, measure_overhead
+
+    torch.set_num_threads(1)  # tiny models: one thread is fastest and least noisy
+    rows = measure_overhead(args.paths, args.new_tokens, args.batch_size, args.repeats, args.seed)
+    print(format_overhead(rows))
+    return 0

@@ -12,6 +12,8 @@ What counts as a read, wherever the tensor lives (on a CPU nothing waits, but th
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,31 +35,55 @@ _DATA_DEPENDENT = {
 _METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _site() -> str:
+    """The innermost line of this package outside this module that is running: where a read was asked for."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_PACKAGE) and name != __file__:
+            return f"{os.path.relpath(name, _PACKAGE)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "outside hf_specdec"
+
+
 class _DataDependentOps(TorchDispatchMode):
-    def __init__(self, counts: Counter[str], paused: Callable[[], bool]) -> None:
+    def __init__(self, counts: Counter[str], paused: Callable[[], bool], sites: Counter[str] | None) -> None:
         super().__init__()
         self.counts = counts
         self.paused = paused
+        self.sites = sites
+
+    def _count(self, kind: str) -> None:
+        self.counts[kind] += 1
+        if self.sites is not None:
+            self.sites[_site()] += 1
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = func._schema.name
         if not self.paused():
             if name in _DATA_DEPENDENT:
-                self.counts[name.removeprefix("aten::")] += 1
+                self._count(name.removeprefix("aten::"))
             elif name in ("aten::index.Tensor", "aten::index_put_", "aten::index_put") or name.startswith(
                 "aten::index"
             ):
                 indices = args[1] if len(args) > 1 else ()
                 if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
-                    self.counts["boolean mask indexing"] += 1
+                    self._count("boolean mask indexing")
             elif name == "aten::repeat_interleave.Tensor":
-                self.counts["repeat_interleave"] += 1
+                self._count("repeat_interleave")
         return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
-def count_host_reads() -> Iterator[Counter[str]]:
+def count_host_reads(sites: Counter[str] | None = None) -> Iterator[Counter[str]]:
     """Count host reads (see the module's docstring) made while the block runs, by kind, in this thread.
+
+    Args:
+        sites (`Counter`, *optional*): also counts each read under the line of this package that asked for it
+            (`"generation/loop.py:212"`), to find where a step reads.
 
     Example:
         >>> with count_host_reads() as reads:
@@ -79,6 +105,8 @@ def count_host_reads() -> Iterator[Counter[str]]:
             if paused():
                 return original(self, *args, **kwargs)
             counts[name.strip("_")] += 1
+            if sites is not None:
+                sites[_site()] += 1
             state.depth = getattr(state, "depth", 0) + 1  # a read is one read, whatever it dispatches inside
             try:
                 return original(self, *args, **kwargs)
@@ -90,7 +118,7 @@ def count_host_reads() -> Iterator[Counter[str]]:
     for name, original in originals.items():
         setattr(torch.Tensor, name, wrap(name, original))
     try:
-        with _DataDependentOps(counts, paused):
+        with _DataDependentOps(counts, paused, sites):
             yield counts
     finally:
         for name, original in originals.items():

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.row_trees import RowTrees
 
@@ -65,6 +66,8 @@ class Accepted(NamedTuple):
         hidden (`torch.Tensor` of shape `(active, D+1, hidden)`, *optional*): the target's last hidden state at
             every node of `path` (the root's where the path is shorter), for drafters that read it; at
             `num_accepted`, the one that chose `next_token`.
+        outcome (`StepOutcome`, *optional*): the same counts as host values, read once by the loop: drafters
+            steer their next step from these rather than reading device values themselves.
     """
 
     path: torch.Tensor
@@ -73,6 +76,14 @@ class Accepted(NamedTuple):
     tokens: torch.Tensor
     emitted: torch.Tensor
     hidden: torch.Tensor | None = None
+    outcome: StepOutcome | None = None
+
+
+def committed_tokens(accepted: Accepted) -> list[list[int]]:
+    """Each row's committed tokens of the step, as host values (the loop's read of them, when it made one)."""
+    if accepted.outcome is not None:
+        return accepted.outcome.tokens
+    return [row[:count] for row, count in zip(accepted.tokens.tolist(), accepted.emitted.tolist(), strict=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +98,8 @@ class DraftingContext:
         vocab_size (`int`): the target's number of logits.
         costs (`DraftLengthPolicy`): the loop's cost meter, with the draft model's length schedule (the same
             object every `propose` receives).
+        reads (`HostReads`, *optional*): the loop's one read per step, which values a drafter's host needs a
+            step later can join (`HostReads.later`).
     """
 
     target: PreTrainedModel
@@ -95,6 +108,7 @@ class DraftingContext:
     generator: torch.Generator | None
     vocab_size: int
     costs: DraftLengthPolicy
+    reads: HostReads | None = None
 
 
 class Drafter(Protocol):
@@ -195,7 +209,13 @@ class ChainDrafter:
     ) -> Chain:
         raise NotImplementedError
 
-    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+    def commit_chain(
+        self,
+        num_accepted: torch.Tensor,
+        num_drafted: int,
+        next_token: torch.Tensor,
+        outcome: StepOutcome | None = None,
+    ) -> None:
         raise NotImplementedError
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
@@ -214,7 +234,7 @@ class ChainDrafter:
         return chain_proposal(last_token, *chain)
 
     def commit(self, accepted: Accepted) -> None:
-        self.commit_chain(accepted.num_accepted, self._num_drafted, accepted.next_token)
+        self.commit_chain(accepted.num_accepted, self._num_drafted, accepted.next_token, accepted.outcome)
 
     def follow(self, accepted: Accepted) -> None:
         """Nothing to do by default: chain drafters read committed tokens from the buffer."""

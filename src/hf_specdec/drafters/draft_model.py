@@ -22,6 +22,7 @@ from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.trees.masks import chain_structure
@@ -40,6 +41,7 @@ class DraftModelDrafter(ChainDrafter):
             runs its decoder and projects onto these rows of its lm_head only, and proposes only these tokens;
             its distribution q is the softmax over them (zero elsewhere), which keeps sampling exact.
         max_tokens (`int`): the most tokens a step drafts (the length schedule's `max_tokens`).
+        reads (`HostReads`, *optional*): the loop's one read per step, which the draft's cache bookkeeping joins.
     """
 
     def __init__(
@@ -51,8 +53,10 @@ class DraftModelDrafter(ChainDrafter):
         generator: torch.Generator | None = None,
         token_ids: torch.Tensor | None = None,
         max_tokens: int = 16,
+        reads: HostReads | None = None,
     ) -> None:
         self.model = model
+        self.reads = reads
         self.max_depth = max_tokens
         self._policy: DraftLengthPolicy | None = None
         self.device = model.device
@@ -84,6 +88,7 @@ class DraftModelDrafter(ChainDrafter):
         # target's token, and the last draft when all were accepted; after a lookup step (`catch_up`) more.
         self.pending: torch.Tensor | None = None  # (A, W)
         self.pending_count: torch.Tensor | None = None  # (A,) how many of the last columns are real
+        self._pending_most = 1  # at least pending_count.max(), known on the host
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Feed the prompts `(batch, prompt)` (the target's first token becomes pending in `start`)."""
@@ -92,7 +97,7 @@ class DraftModelDrafter(ChainDrafter):
             return
         # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
         runner = self.model if self.token_ids is None else self.model.get_decoder()
-        self.seq = CachedSequence(runner, input_ids.shape[0], self.device)
+        self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads)
         self.seq.forward(
             self._embeddable(input_ids.to(self.device)),
             valid.to(self.device),
@@ -107,6 +112,7 @@ class DraftModelDrafter(ChainDrafter):
             return
         self.pending = torch.stack([first_token, first_token], dim=1).to(self.device)  # (B, 2)
         self.pending_count = torch.ones_like(first_token, device=self.device)
+        self._pending_most = 1
 
     def _logits(self, outputs: ModelOutput) -> torch.Tensor:
         """Float32 logits `(A, 1, target_vocab)` at the last fed position, -inf outside a draft vocabulary."""
@@ -136,7 +142,7 @@ class DraftModelDrafter(ChainDrafter):
         """What a step feeds first: the committed tokens the draft has not seen `(A, w)` (right-aligned, the
         last one the root), which of them are real, and their positions (padding kept in range)."""
         assert self.pending is not None and self.pending_count is not None
-        width = int(self.pending_count.max())
+        width = self._pending_most  # rows with fewer feed holes first
         self._pending_width = width
         offsets = torch.arange(-width, 0, device=self.device)  # (w,) positions relative to next_position
         ids = self.pending[:, self.pending.shape[1] - width :]  # (A, w)
@@ -276,7 +282,13 @@ class DraftModelDrafter(ChainDrafter):
         lengths = torch.where(stopped, lengths.clamp_max(j), lengths)
         return torch.where(stopped[:, None], 0.0, scores), lengths
 
-    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+    def commit_chain(
+        self,
+        num_accepted: torch.Tensor,
+        num_drafted: int,
+        next_token: torch.Tensor,
+        outcome: StepOutcome | None = None,
+    ) -> None:
         """Roll the draft's cache back to the accepted drafts, queue the tokens it has not seen, and let the
         length schedule learn from the step.
 
@@ -284,22 +296,26 @@ class DraftModelDrafter(ChainDrafter):
             num_accepted (`torch.LongTensor` of shape `(active,)`): accepted drafts per row.
             num_drafted (`int`): k, the number drafted this step (the last one was never fed to the draft).
             next_token (`torch.LongTensor` of shape `(active,)`): the target's token after the accepted ones.
+            outcome (`StepOutcome`, *optional*): the step's counts as host values (read here when not given).
         """
         if self.exhausted:
             return
         assert self.seq is not None and self.pending is not None and self._policy is not None
-        self._policy.update(num_drafted, num_accepted)
+        host = outcome.num_accepted if outcome is not None else num_accepted.tolist()
+        self._policy.update(num_drafted, host)
         num_accepted = num_accepted.to(self.device)
         kept_drafts = torch.clamp(num_accepted, max=num_drafted - 1)  # the last draft was never fed
-        self.seq.keep_prefix(self._fed, self._pending_width + kept_drafts)
+        keep_max = self._pending_width + min(max(host, default=0), num_drafted - 1)
+        self.seq.keep_prefix(self._fed, self._pending_width + kept_drafts, keep_max)
         self.seq.maybe_compact()
+        self._pending_most = 2 if num_drafted in host else 1
         all_accepted = num_accepted == num_drafted
         next_token = next_token.to(self.device)
         first = torch.where(all_accepted, self._last_drafts, next_token)  # (A,)
         self.pending = torch.stack([first, next_token], dim=1)  # (A, 2)
         self.pending_count = 1 + all_accepted.long()
 
-    def catch_up(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+    def catch_up(self, tokens: torch.Tensor, counts: torch.Tensor, most: int | None = None) -> None:
         """Queue tokens the target committed in a step this draft did not draft (a prompt lookup step): row b
         committed `tokens[b, :counts[b]]`. The draft feeds them, after what it had not seen yet, in one forward
         at its next proposal.
@@ -307,24 +323,30 @@ class DraftModelDrafter(ChainDrafter):
         Args:
             tokens (`torch.LongTensor` of shape `(active, m)`): the committed tokens, in order.
             counts (`torch.LongTensor` of shape `(active,)`): how many of them each row committed, `>= 1`.
+            most (`int`, *optional*): at least `counts.max()`, known on the host (all m by default).
         """
         if self.exhausted:
             return
         assert self.pending is not None and self.pending_count is not None
-        width = self.pending.shape[1]
-        rows = [
-            torch.cat([self.pending[b, width - int(seen) :], tokens[b, : int(count)].to(self.device)])
-            for b, (seen, count) in enumerate(zip(self.pending_count.tolist(), counts.tolist(), strict=True))
-        ]
-        lengths = torch.tensor([r.numel() for r in rows], device=self.device)
-        pending = self.pending.new_zeros(len(rows), int(lengths.max()))
-        for b, row in enumerate(rows):
-            pending[b, pending.shape[1] - row.numel() :] = row
-        self.pending, self.pending_count = pending, lengths
+        tokens, counts = tokens.to(self.device), counts.to(self.device)
+        seen_most, m = min(self._pending_most, self.pending.shape[1]), tokens.shape[1]
+        width = seen_most + (m if most is None else min(most, m))
+        # Right-aligned per row: the pending tokens the draft has not seen, then the committed ones.
+        merged = torch.cat([self.pending[:, self.pending.shape[1] - seen_most :], tokens], dim=1)  # (A, seen_most+m)
+        seen = self.pending_count.clamp_max(seen_most)  # (A,)
+        total = seen + counts  # (A,)
+        offset = torch.arange(width, device=self.device)[None, :] - (width - total)[:, None]  # (A, width)
+        # Row b's tokens are merged[b, seen_most - seen[b] : seen_most + counts[b]], contiguous.
+        source = seen_most - seen[:, None] + offset
+        pending = merged.gather(1, source.clamp(0, merged.shape[1] - 1))
+        self.pending = pending.masked_fill(offset < 0, 0)
+        self.pending_count = total
+        self._pending_most = width
 
     def follow(self, accepted: Accepted) -> None:
         """A plain step: queue the target's token, fed with the rest at the next proposal."""
-        self.catch_up(accepted.tokens, accepted.num_accepted + 1)
+        most = None if accepted.outcome is None else accepted.outcome.max_accepted + 1
+        self.catch_up(accepted.tokens, accepted.num_accepted + 1, most)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
@@ -347,7 +369,7 @@ def draft_distribution(scores: torch.Tensor) -> torch.Tensor:
     scores = scores.nan_to_num(nan=float("-inf"), posinf=torch.finfo(scores.dtype).max)
     q = torch.softmax(scores, dim=-1)
     broken = ~torch.isfinite(q).all(dim=-1, keepdim=True)  # (A, 1): every score -inf
-    certain = functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).to(q.dtype)
+    certain = torch.zeros_like(q).scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(broken, certain, q)
 
 

@@ -30,6 +30,7 @@ from hf_specdec.drafters.base import Accepted, Proposal, chain_proposal
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.generation.draft_length import DraftLengthPolicy, shared_width
 from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.readback import HostReads
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree, GrowthRule
 from hf_specdec.trees.masks import chain_structure
@@ -73,10 +74,13 @@ class DraftTreeDrafter(DraftModelDrafter):
         token_ids: torch.Tensor | None = None,
         *,
         tree: DynamicTree,
+        reads: HostReads | None = None,
     ) -> None:
         if tree.depth is None:
             raise ValueError("DraftTreeDrafter needs a DynamicTree with a depth (see `draft_tree_spec`).")
-        super().__init__(model, target_vocab_size, processors, do_sample, generator, token_ids, max_tokens=tree.depth)
+        super().__init__(
+            model, target_vocab_size, processors, do_sample, generator, token_ids, max_tokens=tree.depth, reads=reads
+        )
         self.tree = tree
         self._fed_pool: torch.Tensor | None = None  # (A, F) pool index of every tree node fed this step
         self._chosen: torch.Tensor | None = None  # (A, n) pool index of every tree node after the root
@@ -128,7 +132,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         num_nodes = spec.num_nodes
         if costs.schedule == "adaptive":  # verify only the nodes that pay for their verification
             num_nodes = nodes_worth_verifying(
-                grown.scores, num_nodes, buffer.lagging, costs.cost_model.verify_threshold(rows)
+                grown.scores, num_nodes, buffer.lagging_rows(), costs.cost_model.verify_threshold(rows)
             )
         nodes, trees, chosen = grown.select(num_nodes)
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
@@ -155,7 +159,9 @@ class DraftTreeDrafter(DraftModelDrafter):
         slot = width + (match.to(torch.int8).argmax(dim=2) if match.shape[2] else torch.zeros_like(pool))  # (A, D)
         kept_nodes = was_fed.sum(dim=1)  # (A,)
         keep = torch.cat([torch.arange(width, device=path.device).expand(path.shape[0], width), slot], dim=1)
-        self.seq.keep_path(self._fed, keep.to(self.device), (width + kept_nodes).to(self.device))
+        # At most every accepted node was fed: a bound the host knows (rows that kept fewer get holes).
+        most = self._fed if accepted.outcome is None else min(self._fed, width + accepted.outcome.max_accepted)
+        self.seq.keep_path(self._fed, keep.to(self.device), (width + kept_nodes).to(self.device), keep_max=most)
         self.seq.maybe_compact()
         # The last accepted node, if it was a leaf, has not been fed: it comes before the target's token.
         last = self._nodes.gather(1, path.gather(1, num_accepted[:, None]).clamp_min(0)).squeeze(1)
@@ -163,6 +169,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         first = torch.where(unfed, last, next_token)
         self.pending = torch.stack([first, next_token], dim=1).to(self.device)
         self.pending_count = (1 + unfed.long()).to(self.device)
+        self._pending_most = 1 if accepted.outcome is not None and accepted.outcome.max_accepted == 0 else 2
 
 
 def growth_rule(costs: DraftLengthPolicy, lagging: torch.Tensor, rows: int) -> GrowthRule | None:
@@ -177,13 +184,14 @@ def growth_rule(costs: DraftLengthPolicy, lagging: torch.Tensor, rows: int) -> G
     def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
         reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
         ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
-        gain = float((reach * ratio.clamp_max(1.0))[lagging].mean())
+        weights = lagging.to(reach.dtype)
+        gain = float((reach * ratio.clamp_max(1.0) * weights).sum() / weights.sum())  # the one read per depth
         return gain >= costs.cost_model.draft_threshold(rows)
 
     return keep_growing
 
 
-def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: torch.Tensor, cost: float) -> int:
+def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: list[bool], cost: float) -> int:
     """How many of a grown pool's best nodes to verify, at most `num_nodes` and at least one: every row verifies
     the same number (the trees are padded to one width, and padding costs as much as nodes), so the count grows
     while the next node is expected to bring, averaged over the least advanced rows (whose gains count), at least
@@ -193,7 +201,8 @@ def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: torch.T
     if cost <= 0.0 or count <= 1:
         return max(count, 1)
     best = scores[:, 1:].topk(count, dim=1).values.exp()  # (A, count) path probabilities, best first
-    return max(shared_width(best[lagging].tolist(), cost), 1)  # lookup's width rule, over the nodes
+    survivals = [row for row, lags in zip(best.tolist(), lagging, strict=True) if lags]  # one read
+    return max(shared_width(survivals, cost), 1)  # lookup's width rule, over the nodes
 
 
 class FrontierAncestry:
@@ -209,7 +218,7 @@ class FrontierAncestry:
         """The next frontier: node f is a child of the previous frontier's node `parent_slot[:, f]` `(A, F)`."""
         recent = self.recent.gather(1, parent_slot[..., None].expand(-1, -1, self.recent.shape[2]))
         if self.depth > 0:  # the parent itself was fed at the previous depth (unless it is the root)
-            own = torch.nn.functional.one_hot(parent_slot, previous_width).bool()  # (A, F, F_prev)
+            own = parent_slot[..., None] == torch.arange(previous_width, device=parent_slot.device)  # (A, F, F_prev)
             recent = torch.cat([recent, own], dim=2)
         self.recent = recent
         self.depth += 1
@@ -279,17 +288,15 @@ def node_log_probs(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
     """Log-probabilities `(A, F, V)` of frontier nodes' scores: a nan score is never proposed, a node ruled out
     (`alive` `(A, F)` False) or whose scores leave nothing gets -inf everywhere.
 
-    One pass over the vocabulary for the usual node; a nan or +inf anywhere in a node's scores, or nothing left,
-    makes its whole row nan, and those nodes (and the ruled-out ones) are redone with care."""
+    Without reading anything back: nodes with a nan or +inf in their scores, or with nothing left, come out nan
+    from the plain pass and take the careful one's values instead."""
     log_probs = torch.log_softmax(scores, dim=-1)
-    odd = ~alive | torch.isnan(log_probs[..., 0])  # (A, F)
-    if bool(odd.any()):
-        log_probs[odd] = _careful_log_softmax(scores[odd], alive[odd])
-    return log_probs
+    odd = (~alive)[..., None] | torch.isnan(log_probs[..., :1])  # (A, F, 1)
+    return torch.where(odd, _careful_log_softmax(scores, alive), log_probs)
 
 
 def _careful_log_softmax(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """`node_log_probs` of nodes `(N, V)` with nans, ruled out, or with nothing left."""
-    scores = scores.masked_fill(~alive[:, None] | torch.isnan(scores), float("-inf"))
+    """`node_log_probs` of nodes `(..., V)` with nans, ruled out, or with nothing left."""
+    scores = scores.masked_fill(~alive[..., None] | torch.isnan(scores), float("-inf"))
     none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)
     return torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))

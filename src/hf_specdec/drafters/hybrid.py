@@ -27,6 +27,7 @@ from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 
 # Weight of the newest model step in the running means of its tokens and drafts per step.
@@ -64,9 +65,7 @@ class HybridDrafter(ChainDrafter):
         draft model's (`policy`: the loop's, for the draft model's length and the measured costs); the lookup's
         alone once the draft model has no positions left to draft at."""
         looked_up = self.lookup.draft_chain(buffer, next_position, policy, max_tokens)
-        if self.model.room_to_draft(next_position) < 1 or self._lookup_pays(
-            looked_up, int(buffer.active.numel()), policy
-        ):
+        if self.model.room_to_draft(next_position) < 1 or self._lookup_pays(looked_up, len(buffer.active_rows), policy):
             self.last = looked_up
         else:
             self.last = self.model.draft_chain(buffer, next_position, policy, max_tokens)
@@ -81,23 +80,33 @@ class HybridDrafter(ChainDrafter):
         model_rate = self.model_tokens / (1.0 + policy.cost_model.extra_draft(rows) * self.model_drafts)
         return lookup_rate > model_rate
 
-    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+    def commit_chain(
+        self,
+        num_accepted: torch.Tensor,
+        num_drafted: int,
+        next_token: torch.Tensor,
+        outcome: StepOutcome | None = None,
+    ) -> None:
         assert self.last is not None
         committed = torch.cat([self.last.tokens, next_token[:, None]], dim=1)  # (A, k+1)
         committed.scatter_(1, num_accepted[:, None], next_token[:, None])  # accepted drafts, then the target's
+        host = outcome.num_accepted if outcome is not None else num_accepted.tolist()
         if not self.last.looked_up:
-            self.model.commit_chain(num_accepted, num_drafted, next_token)
+            self.model.commit_chain(num_accepted, num_drafted, next_token, outcome)
             # What the lookup would have drafted is known too: learn from it, so lookup can win again.
-            self.lookup.observe(committed, num_accepted + 1)
-            tokens, drafts = 1.0 + float(num_accepted.float().mean()), float(num_drafted)
+            if outcome is not None:
+                self.lookup.observe(outcome.tokens)
+            else:
+                self.lookup.observe([row[: n + 1] for row, n in zip(committed.tolist(), host, strict=True)])
+            tokens, drafts = 1.0 + sum(host) / max(len(host), 1), float(num_drafted)
             if self.model_tokens is None or self.model_drafts is None:
                 self.model_tokens, self.model_drafts = tokens, drafts
             else:
                 self.model_tokens += _SMOOTHING * (tokens - self.model_tokens)
                 self.model_drafts += _SMOOTHING * (drafts - self.model_drafts)
             return
-        self.lookup.commit_chain(num_accepted, num_drafted, next_token)
-        self.model.catch_up(committed, num_accepted + 1)
+        self.lookup.commit_chain(num_accepted, num_drafted, next_token, outcome)
+        self.model.catch_up(committed, num_accepted + 1, None if outcome is None else max(host) + 1)
 
     def follow(self, accepted: Accepted) -> None:
         self.model.follow(accepted)

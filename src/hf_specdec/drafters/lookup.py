@@ -27,10 +27,14 @@ ends with its last row); at batch size 1 that is the row's own match.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from hf_specdec.drafters.base import Chain, ChainDrafter
 from hf_specdec.generation.draft_length import AcceptanceHistory, DraftLengthPolicy, shared_width
+from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.lookup_graft import graft_chains
 from hf_specdec.trees.row_trees import RowTrees
@@ -43,33 +47,34 @@ PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.8}
 DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 
 
-def lookup_continuation(tokens: torch.Tensor, max_ngram_size: int, num_tokens: int) -> tuple[torch.Tensor, int]:
+def lookup_continuation(tokens: Sequence[int], max_ngram_size: int, num_tokens: int) -> tuple[list[int], int]:
     """The tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram.
 
     Args:
-        tokens (`torch.LongTensor` of shape `(length,)`): one row's tokens, oldest first.
+        tokens (sequence of `int`): one row's tokens, oldest first (host values: lookup never waits for the
+            device).
         max_ngram_size (`int`): the longest suffix to look for; shorter ones are tried down to a single token.
         num_tokens (`int`): the most tokens to return.
 
     Returns:
-        `(continuation, n)`: `torch.LongTensor` of shape `(m,)` with `0 <= m <= num_tokens`, and the size of
-        the matched n-gram (`(empty, 0)` when no suffix occurs earlier). When the continuation reaches the end
-        of the row (a repeating stretch: indentation, `----`, a cycle of tokens) it is repeated with that
-        period up to `num_tokens`.
+        `(continuation, n)`: at most `num_tokens` tokens, and the size of the matched n-gram (`([], 0)` when no
+        suffix occurs earlier). When the continuation reaches the end of the row (a repeating stretch:
+        indentation, `----`, a cycle of tokens) it is repeated with that period up to `num_tokens`.
     """
-    length = tokens.shape[0]
+    row = np.asarray(tokens, dtype=np.int64)
+    length = row.shape[0]
     for n in range(min(max_ngram_size, length - 1), 0, -1):
         # Windows that start early enough for at least one token to follow them inside the row.
-        windows = tokens[: length - 1].unfold(0, n, 1)  # (length - n, n)
-        hits = (windows == tokens[length - n :]).all(dim=1).nonzero().flatten()
-        if hits.numel():
+        windows = np.lib.stride_tricks.sliding_window_view(row[: length - 1], n)  # (length - n, n)
+        hits = np.flatnonzero((windows == row[length - n :]).all(axis=1))
+        if hits.size:
             start = int(hits[-1]) + n
-            continuation = tokens[start : start + num_tokens]
-            if continuation.numel() < num_tokens:
+            continuation = row[start : start + num_tokens].tolist()
+            if len(continuation) < num_tokens:
                 # The match ends the row: the text repeats with period `length - start`; go on repeating it.
-                continuation = continuation.repeat(-(-num_tokens // continuation.numel()))[:num_tokens]
+                continuation = (continuation * -(-num_tokens // len(continuation)))[:num_tokens]
             return continuation, n
-    return tokens[:0], 0
+    return [], 0
 
 
 class HistoryByMatchSize(dict[int, AcceptanceHistory]):
@@ -101,13 +106,15 @@ class PromptLookupDrafter(ChainDrafter):
         self.max_depth = num_tokens
         # Acceptance by draft position, per matched n-gram size.
         self.history = HistoryByMatchSize()
-        self.starts: torch.Tensor | None = None  # (A,) first real token of each active row (after left padding)
+        self.starts: list[int] | None = None  # per row of the batch: its first real token (after left padding)
         self._last: Chain | None = None
         self._sizes: list[int] = []  # matched n-gram size per row in the last proposal (0: no match)
+        self._tokens: list[list[int]] = []  # per row the last proposal's looked-up tokens
+        self._lengths: list[int] = []  # and how many of them it drafted
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Note where each row's real tokens start, so that left padding is never matched."""
-        self.starts = valid.long().argmax(dim=1).cpu()  # (B,) first valid column (0 when the row has none)
+        self.starts = valid.long().argmax(dim=1).tolist()  # first valid column (0 when the row has none)
 
     def graft(
         self,
@@ -136,73 +143,69 @@ class PromptLookupDrafter(ChainDrafter):
         padded with filler that the `lengths` of the proposal exclude from acceptance.
         """
         assert self.starts is not None
-        ends = buffer.active_lengths.cpu()
-        rows = buffer.tokens[buffer.active, : int(ends.max())].cpu()  # (A, longest row)
+        rows = buffer.active_rows
         most = max(min(self.num_tokens, max_tokens), 1)  # never more than the row can still commit
-        matches = [
-            lookup_continuation(row[int(begin) : int(end)], self.max_ngram_size, most)
-            for row, begin, end in zip(rows, self.starts.tolist(), ends.tolist(), strict=True)
-        ]
+        texts = [buffer.host_tokens[row][self.starts[row] :] for row in rows]  # committed tokens, after padding
+        matches = [lookup_continuation(text, self.max_ngram_size, most) for text in texts]
         self._sizes = [n for _, n in matches]
         width = most
         if self.adaptive:  # c = 0: a lookup costs no draft forward; one more position costs v * rows
-            lagging = buffer.lagging.cpu().tolist()
             survivals = [
-                self.history[n].survival(continuation.numel()) if n else []
-                for (continuation, n), lags in zip(matches, lagging, strict=True)
+                self.history[n].survival(len(continuation)) if n else []
+                for (continuation, n), lags in zip(matches, buffer.lagging_rows(), strict=True)
                 if lags
             ]
-            width = shared_width(survivals, policy.cost_model.verify_threshold(rows.shape[0]))
+            width = shared_width(survivals, policy.cost_model.verify_threshold(len(rows)))
         found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]
-        lengths = torch.tensor([f.numel() for f in found], dtype=torch.long)
-        k = int(lengths.max()) if lengths.numel() else 0
-        tokens = torch.zeros(len(found), k, dtype=torch.long)
-        for i, f in enumerate(found):
-            tokens[i, : f.numel()] = f
-            tokens[i, f.numel() :] = f[-1] if f.numel() else 0  # filler, never accepted
+        self._lengths = [len(f) for f in found]
+        k = max(self._lengths, default=0)
+        # Filler after a row's own tokens (its last one, never accepted) keeps the width shared.
+        self._tokens = [f + [f[-1] if f else 0] * (k - len(f)) for f in found]
         device = buffer.tokens.device
-        tokens, lengths = tokens.to(device), lengths.to(device)
+        tokens = torch.tensor(self._tokens, dtype=torch.long).reshape(len(rows), k).to(device, non_blocking=True)
+        lengths = torch.tensor(self._lengths, dtype=torch.long).to(device, non_blocking=True)
         buffer.write(0, tokens)
-        self._last = Chain(tokens, lengths=lengths, looked_up=bool((lengths > 0).any()))
+        self._last = Chain(tokens, lengths=lengths, looked_up=any(self._lengths))
         return self._last
 
     def expected_tokens(self) -> float:
         """Expected committed tokens per row of the last proposal: one from the target plus, per drafted
         position, the measured chance (for the row's match size) that it and every earlier draft are accepted."""
-        assert self._last is not None and self._last.lengths is not None
-        lengths = self._last.lengths.tolist()
         total = sum(
             self.history[n].expected_tokens([length]) if n else 1.0
-            for n, length in zip(self._sizes, lengths, strict=True)
+            for n, length in zip(self._sizes, self._lengths, strict=True)
         )
-        return total / max(len(lengths), 1)
+        return total / max(len(self._lengths), 1)
 
-    def commit_chain(self, num_accepted: torch.Tensor, num_drafted: int, next_token: torch.Tensor) -> None:
+    def commit_chain(
+        self,
+        num_accepted: torch.Tensor,
+        num_drafted: int,
+        next_token: torch.Tensor,
+        outcome: StepOutcome | None = None,
+    ) -> None:
         """Record, for each matched n-gram size, how far its rows' drafts were accepted."""
-        assert self._last is not None and self._last.lengths is not None
-        self._record(num_drafted, num_accepted.cpu(), self._last.lengths.cpu())
+        host = outcome.num_accepted if outcome is not None else num_accepted.tolist()
+        self._record(num_drafted, host, self._lengths)
 
-    def observe(self, committed: torch.Tensor, counts: torch.Tensor) -> None:
-        """Learn from a step another drafter drafted: row b committed `committed[b, :counts[b]]`. A looked-up
+    def observe(self, committed: list[list[int]]) -> None:
+        """Learn from a step another drafter drafted: row b committed the tokens `committed[b]`. A looked-up
         token that equals the committed one (and every earlier one did) would have been accepted; positions
         past the committed tokens are unknown and not counted."""
-        assert self._last is not None and self._last.lengths is not None
-        looked_up, lengths = self._last.tokens.cpu(), self._last.lengths.cpu()
-        committed, counts = committed.cpu(), counts.cpu()
-        width = min(looked_up.shape[1], committed.shape[1])
-        seen = torch.minimum(lengths, counts)  # (A,) positions whose outcome is known
-        same = looked_up[:, :width] == committed[:, :width]
-        same &= torch.arange(width)[None, :] < seen[:, None]
-        matched = same.long().cumprod(dim=1).sum(dim=1)  # (A,)
+        width = max((len(t) for t in self._tokens), default=0)
+        seen = [min(length, len(tokens)) for length, tokens in zip(self._lengths, committed, strict=True)]
+        matched = []
+        for looked_up, tokens, known in zip(self._tokens, committed, seen, strict=True):
+            same = 0
+            while same < known and looked_up[same] == tokens[same]:
+                same += 1
+            matched.append(same)
         self._record(width, matched, seen)
 
-    def _record(self, k: int, num_accepted: torch.Tensor, lengths: torch.Tensor) -> None:
-        sizes = torch.tensor(self._sizes)
+    def _record(self, k: int, num_accepted: list[int], lengths: list[int]) -> None:
         for n in sorted(set(self._sizes) - {0}):
-            rows = sizes == n
-            self.history[n].update(k, num_accepted[rows], lengths[rows])
+            rows = [i for i, size in enumerate(self._sizes) if size == n]
+            self.history[n].update(k, [num_accepted[i] for i in rows], [lengths[i] for i in rows])
 
     def select_rows(self, keep: torch.Tensor) -> None:
-        """Follow the batch when finished rows leave it."""
-        assert self.starts is not None
-        self.starts = self.starts[keep.cpu()]
+        """Nothing to follow: rows are looked up by their index in the batch."""

@@ -123,13 +123,17 @@ class DraftLengthPolicy:
         survival = confidence if self._survival is None else self._survival * confidence  # (B,) P(all accepted)
         self._survival = survival
         gains = survival * confidence  # (B,) of one more draft, in tokens
-        expected_gain = float(gains.mean() if self._lagging is None else gains[self._lagging].mean())
+        if self._lagging is None:
+            expected_gain = float(gains.mean())  # the one read per draft forward
+        else:
+            lagging = self._lagging.to(gains.dtype)
+            expected_gain = float((gains * lagging).sum() / lagging.sum())
         return expected_gain < self.cost_model.draft_threshold(confidence.numel())
 
-    def update(self, num_drafted: int, num_accepted: torch.Tensor) -> None:
+    def update(self, num_drafted: int, num_accepted: list[int]) -> None:
         """Record a step: `num_drafted` tokens were drafted and row b accepted `num_accepted[b]` of them."""
         if self.schedule == "heuristic":
-            if bool((num_accepted == num_drafted).all()):
+            if all(n == num_drafted for n in num_accepted):
                 self._current = min(self._current + 2, self.max_tokens)
             else:
                 self._current = max(self._current - 1, 1)
@@ -148,14 +152,11 @@ class AcceptanceHistory:
         self._reached: list[float] = []  # per position: drafts whose earlier drafts were all accepted
         self._accepted: list[float] = []  # per position: of those, accepted
 
-    def update(self, num_drafted: int, num_accepted: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
+    def update(self, num_drafted: int, num_accepted: list[int], lengths: list[int] | None = None) -> None:
         """Record a step: up to `num_drafted` tokens were drafted, row b accepted `num_accepted[b]` of them
         (`lengths[b]`: how many row b really drafted, when rows drafted different numbers)."""
-        k, num_accepted = num_drafted, num_accepted.cpu()
-        drafted = torch.full_like(num_accepted, k) if lengths is None else lengths.cpu()  # (A,)
-        positions = torch.arange(k)[None, :]  # (1, k)
-        reached = ((drafted[:, None] > positions) & (num_accepted[:, None] >= positions)).sum(0).tolist()
-        accepted = (num_accepted[:, None] > positions).sum(0).tolist()
+        k = num_drafted
+        drafted = [k] * len(num_accepted) if lengths is None else lengths
         grow = k - len(self._reached)
         if grow > 0:
             self._reached += [0.0] * grow
@@ -163,8 +164,8 @@ class AcceptanceHistory:
         self._reached = [_HISTORY_DECAY * r for r in self._reached]
         self._accepted = [_HISTORY_DECAY * a for a in self._accepted]
         for j in range(k):
-            self._reached[j] += reached[j]
-            self._accepted[j] += accepted[j]
+            self._reached[j] += sum(1 for d, a in zip(drafted, num_accepted, strict=True) if d > j and a >= j)
+            self._accepted[j] += sum(1 for a in num_accepted if a > j)
             if self._reached[j] > _HISTORY_DRAFTS:
                 scale = _HISTORY_DRAFTS / self._reached[j]
                 self._reached[j] *= scale

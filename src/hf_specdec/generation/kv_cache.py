@@ -12,6 +12,7 @@ When holes take up too much of the cache, `compact` squeezes them out in one gat
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -19,6 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.generation.positions import slot_indexed_mask_size
+from hf_specdec.generation.readback import HostReads
 from hf_specdec.trees.masks import to_additive, visibility
 
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
@@ -85,8 +87,15 @@ class CachedSequence:
         positions (`torch.LongTensor` of shape `(batch, slots)`): logical position of each slot's token.
     """
 
-    def __init__(self, model: PreTrainedModel, batch_size: int, device: torch.device) -> None:
+    def __init__(
+        self, model: PreTrainedModel, batch_size: int, device: torch.device, reads: HostReads | None = None
+    ) -> None:
         self.model = model
+        # With `reads`, how many holes the cache has is learnt with the loop's next read instead of at once.
+        self.reads = reads
+        self._waste = 0  # holes every row has at least (host value, possibly a step old)
+        self._slots_measured = 0  # of how many slots, when it was measured
+        self._compactions = 0  # a measurement queued before the last compaction is stale
         self.layout = AttentionLayout(model)
         # Full layers always: a sliding-window layer would drop old slots on its own, out of step with `valid`.
         # The window is applied in the mask instead, on logical positions, and slots that left it are compacted
@@ -204,11 +213,19 @@ class CachedSequence:
         offsets = torch.arange(keep_max, device=self.valid.device)  # (keep_max,)
         self.valid[:, start:] &= offsets[None, :] < num_keep[:, None]
 
-    def keep_path(self, num_new: int, nodes: torch.Tensor, num_keep: torch.Tensor, is_prefix: bool = False) -> None:
+    def keep_path(
+        self,
+        num_new: int,
+        nodes: torch.Tensor,
+        num_keep: torch.Tensor,
+        is_prefix: bool = False,
+        keep_max: int | None = None,
+    ) -> None:
         """Keep, for each row, the slots of an accepted tree path, in path order, and drop the other nodes.
 
-        The kept slots are moved in place to the front of the last `num_new` (nothing moves when every row's
-        path is a prefix of the nodes, as for a chain), then the rest is dropped as by [`keep_prefix`].
+        The kept slots are moved in place to the front of the last `num_new` (nothing moves when the caller
+        knows every row's path is a prefix of the nodes, as for a chain), then the rest is dropped as by
+        [`keep_prefix`].
 
         Args:
             num_new (`int`): how many slots the last forward appended (the tree's nodes, root first).
@@ -216,11 +233,13 @@ class CachedSequence:
                 `num_new` slots) to keep, in order; entries past `num_keep[b]` are ignored.
             num_keep (`torch.LongTensor` of shape `(batch,)`): how many of `nodes` each row keeps.
             is_prefix (`bool`): the caller knows every row keeps a prefix of the new slots (a chain).
+            keep_max (`int`, *optional*): `num_keep.max()`, when the caller has it already.
         """
-        keep_max = int(num_keep.max()) if num_keep.numel() else 0
+        if keep_max is None:
+            keep_max = int(num_keep.max()) if num_keep.numel() else 0
         offsets = torch.arange(keep_max, device=nodes.device)
         nodes = torch.where(offsets[None, :] < num_keep[:, None], nodes[:, :keep_max], offsets[None, :])
-        if not is_prefix and not bool((nodes == offsets[None, :]).all()):
+        if not is_prefix:
             start = self.num_slots - num_new
             for layer in self.cache.layers:
                 if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
@@ -245,9 +264,20 @@ class CachedSequence:
         sliding-window attention on every layer, the slots that have left the window of their row become holes
         first (see `forget_out_of_window`), so that the cache stays within the window."""
         self.forget_out_of_window()
-        waste = self.num_slots - int(self.valid.sum(dim=1).max())
-        if waste >= MIN_WASTE and waste >= COMPACT_FRACTION * self.num_slots:
-            self.compact()
+        if self.reads is None:
+            self._waste = self.num_slots - int(self.valid.sum(dim=1).max()) if self.num_slots else 0
+            self._slots_measured = self.num_slots
+        if self._waste >= MIN_WASTE and self._waste >= COMPACT_FRACTION * self._slots_measured:
+            self.compact(self.num_slots - self._waste)
+        if self.reads is not None and self.num_slots:
+            # Holes are never filled and only compaction removes them, so a row's holes a step from now are at
+            # least what they are now: the value read with the loop's next read stays a safe lower bound.
+            holes = self.num_slots - self.valid.sum(dim=1).max()
+            self.reads.later(holes, functools.partial(self._learn_waste, self._compactions, self.num_slots))
+
+    def _learn_waste(self, compactions: int, slots: int, holes: list[int]) -> None:
+        if compactions == self._compactions:
+            self._waste, self._slots_measured = holes[0], slots
 
     def forget_out_of_window(self) -> None:
         """With sliding-window attention on every layer, make holes of the slots no later token of their row
@@ -264,13 +294,18 @@ class CachedSequence:
         last = torch.where(self.valid, self.positions, -1).max(dim=1).values  # (B,) -1 for a row with no slot
         self.valid &= self.positions > (last + 1 - window)[:, None]
 
-    def compact(self) -> None:
+    def compact(self, width: int | None = None) -> None:
         """Squeeze holes out of the cache: move every row's valid slots to the right end, in order.
 
         One gather per layer; afterwards the padding of every row sits on the left, as in a fresh batch.
+
+        Args:
+            width (`int`, *optional*): slots to keep, at least any row's number of valid slots (every one of
+                them is kept); by default exactly the most any row has.
         """
-        counts = self.valid.sum(dim=1)  # (B,)
-        width = int(counts.max())
+        if width is None:
+            width = int(self.valid.sum(dim=1).max())
+        self._waste, self._compactions = 0, self._compactions + 1
         # Stable order: invalid slots first, then valid ones in their original order.
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # (B, width)
         for layer in self.cache.layers:

@@ -17,7 +17,6 @@ heads enter through `hf_specdec.medusa.decoding.medusa_decode`.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import torch
@@ -37,7 +36,9 @@ from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.generation.positions import check_position_limits
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
+from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.generation.step_clock import StepClock
 from hf_specdec.generation.validation import check_generation_config, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
@@ -55,12 +56,6 @@ def choose_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generat
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
     return scores.argmax(dim=-1)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device, so that a wall-clock reading covers the work queued before it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -145,6 +140,7 @@ def _drafter(
             context.generator,
             assistant_vocab,
             tree=tree,
+            reads=context.reads,
         )
     drafter = DraftModelDrafter(
         assistant,
@@ -154,6 +150,7 @@ def _drafter(
         context.generator,
         assistant_vocab,
         max_tokens=context.costs.max_tokens,
+        reads=context.reads,
     )
     return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)
 
@@ -222,11 +219,13 @@ def decode(
 
     # Prefill the target (and the drafter) on the prompts; the target's last logits give the first token.
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
-    target = CachedSequence(model, input_ids.shape[0], device)
-    context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs)
+    reads = HostReads()  # the host's one read per step (see `readback`)
+    target = CachedSequence(model, input_ids.shape[0], device, reads)
+    context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs, reads)
     drafter = make_drafter(context)
     cost_model = costs.cost_model
     gate = SpeculationGate(cost_model, enabled=plain_steps)
+    clock = StepClock(device)
     hidden_states = drafter.needs_hidden_states
     out = target.forward(
         input_ids,
@@ -245,32 +244,34 @@ def decode(
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)
     drafter.prefill(input_ids, valid, positions)
     emitted, finished = buffer.commit(last_token[:, None], torch.ones_like(last_token), scores)
-    recorder.record(buffer.active, emitted, scores, logits)
-    stream(streamer, last_token[:, None], emitted)
+    outcome = reads.step_outcome(torch.zeros_like(emitted), emitted, finished, 0, last_token[:, None])
+    buffer.settle(outcome.tokens)
+    recorder.record(buffer.active_rows, outcome.emitted, scores, logits)
+    stream(streamer, outcome)
     drafter.start(last_token, out.hidden_states[-1] if hidden_states else None)
     next_position = positions[:, -1] + 2  # (B,) logical position of the first drafted node
 
     while True:
-        keep = buffer.retire(finished)
-        if keep.numel() == 0:
+        keep = buffer.retire(outcome.finished)
+        if not buffer.active_rows:
             break
-        if keep.numel() < finished.numel():
+        if keep is not None:
             target.select_rows(keep)
             drafter.select_rows(keep)
             next_position, last_token = next_position[keep], last_token[keep]
 
         # Draft: a tree per row; no path longer than the least advanced row can still commit. Where drafting is
         # not expected to pay, a plain step: each row's last token alone.
-        started = time.perf_counter()
-        budget = buffer.max_length - 1 - int(buffer.active_lengths.min())
+        clock.start()
+        budget = buffer.max_length - 1 - buffer.least_advanced
+        laggard = buffer.laggard()  # the least advanced row: the batch is done when it is
         speculating = gate.speculate(last_token.shape[0])
         if speculating:
             proposal = drafter.propose(buffer, last_token, next_position, costs, max_tokens=budget)
         else:
             proposal = chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         nodes, trees = proposal.nodes, proposal.trees
-        synchronize(device)
-        drafted = time.perf_counter()
+        clock.drafted()
 
         # Verify: one target forward over every node under the trees' ancestor mask.
         node_positions = (next_position[:, None] - 1 + trees.depths).clamp_max(buffer.max_length - 1)
@@ -288,18 +289,23 @@ def decode(
         new_tokens = torch.cat([nodes.gather(1, path_nodes[:, 1:].clamp_min(0)), next_token[:, None]], dim=1)
         new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])  # (A, D+1)
         path_scores, path_logits = _path_scores(proposal, path_nodes, scores, logits, recorder, buffer)
-        laggard = buffer.active_lengths.argmin()  # the least advanced row: the batch is done when it is
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
+        drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
+        # The step's one read: what the host needs to steer the next step.
+        outcome = reads.step_outcome(num_accepted, emitted, finished, drafted_per_row, new_tokens)
+        buffer.settle(outcome.tokens)
         if recorder.keep_scores or recorder.keep_logits:
-            recorder.record(buffer.active, emitted, path_scores, path_logits)
-        stream(streamer, new_tokens, emitted)
-        target.keep_path(trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain)
+            recorder.record(buffer.active_rows, outcome.emitted, path_scores, path_logits)
+        stream(streamer, outcome)
+        target.keep_path(
+            trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain, keep_max=outcome.max_accepted + 1
+        )
         target.maybe_compact()
         hidden = None
         if hidden_states:  # the target's last hidden state at every node of the accepted path
             states = out.hidden_states[-1]  # (A, N, H)
             hidden = states.gather(1, path_nodes.clamp_min(0)[..., None].expand(-1, -1, states.shape[-1]))
-        accepted = Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden)
+        accepted = Accepted(path_nodes, num_accepted, next_token, new_tokens, emitted, hidden, outcome)
         if speculating:
             drafter.commit(accepted)
         else:
@@ -307,19 +313,17 @@ def decode(
         next_position = next_position + num_accepted + 1
         last_token = next_token
 
-        synchronize(device)
-        verified = time.perf_counter()
         rows, width = nodes.shape
-        cost_model.observe(drafted - started, proposal.forwards, verified - drafted, rows, width)
-        # The batch finishes with its least advanced row: a step pays if it advances that row faster than plain
-        # steps would (rows ahead of it finishing sooner barely shortens the call).
-        gained = 1.0 + float(num_accepted[laggard])
-        gate.observe(gained, verified - started, proposal.forwards, rows, width, verified - drafted)
-        drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
-        stats.record_step(buffer.active, drafted_per_row, num_accepted, emitted)
+        for timing in clock.verified(proposal.forwards, rows, width, 1 + outcome.num_accepted[laggard]):
+            cost_model.observe(timing.draft, timing.forwards, timing.verify, timing.rows, timing.width)
+            # The batch finishes with its least advanced row: a step pays if it advances that row faster than
+            # plain steps would (rows ahead of it finishing sooner barely shortens the call).
+            gate.observe(
+                timing.gained, timing.draft + timing.verify, timing.forwards, timing.rows, timing.width, timing.verify
+            )
+        stats.record_step(buffer.active_rows, outcome.drafted, outcome.num_accepted, outcome.emitted)
         stats.lookup_steps += proposal.looked_up
-        stats.draft_seconds += drafted - started
-        stats.verify_seconds += verified - drafted
+        stats.draft_seconds, stats.verify_seconds = clock.draft_seconds, clock.verify_seconds
 
     stats.costs = cost_model.estimated
     stats.plain_steps = gate.plain_steps
@@ -389,10 +393,10 @@ def finish(
     return sequences
 
 
-def stream(streamer: BaseStreamer | None, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+def stream(streamer: BaseStreamer | None, outcome: StepOutcome) -> None:
     """Send row 0's committed tokens of this step to the streamer (streamers take batch size 1)."""
     if streamer is not None:
-        streamer.put(tokens[0, : int(emitted[0])].cpu())
+        streamer.put(torch.tensor(outcome.tokens[0], dtype=torch.long))
 
 
 _IGNORED_KWARGS = {"cache", "use_cache", "position_ids", "logits_to_keep"}

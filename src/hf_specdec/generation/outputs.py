@@ -61,25 +61,24 @@ class SpeculativeStats:
         """Share of drafted tokens accepted, per row `(batch,)`."""
         return self.accepted_tokens.double() / self.drafted_tokens.clamp_min(1).double()
 
-    def record_step(
-        self, rows: torch.Tensor, num_drafted: int | torch.Tensor, num_accepted: torch.Tensor, emitted: torch.Tensor
-    ) -> None:
-        """Count one verification step of the active `rows` (original batch indices), which drafted
-        `num_drafted` tokens each (or `num_drafted[i]` tokens for row `rows[i]`)."""
-        rows, num_accepted, emitted = rows.cpu(), num_accepted.cpu(), emitted.cpu()
-        drafted = torch.as_tensor(num_drafted).cpu().expand(rows.shape)  # (A,)
-        k = int(drafted.max()) if drafted.numel() else 0
-        self.target_forwards[rows] += 1
-        self.drafted_tokens[rows] += drafted
-        self.accepted_tokens[rows] += num_accepted
-        self.emitted_tokens[rows] += emitted
+    def record_step(self, rows: list[int], drafted: list[int], num_accepted: list[int], emitted: list[int]) -> None:
+        """Count one verification step of the active `rows` (original batch indices): row `rows[i]` drafted
+        `drafted[i]` tokens, accepted `num_accepted[i]` and committed `emitted[i]` (host values: counting costs
+        the device nothing)."""
+        k = max(drafted, default=0)
         if self.drafted_at_position.numel() < k:
             grow = k - self.drafted_at_position.numel()
             self.drafted_at_position = torch.cat([self.drafted_at_position, torch.zeros(grow, dtype=torch.long)])
             self.accepted_at_position = torch.cat([self.accepted_at_position, torch.zeros(grow, dtype=torch.long)])
-        positions = torch.arange(k)[None, :]  # (1, k)
-        self.drafted_at_position[:k] += (drafted[:, None] > positions).sum(0)
-        self.accepted_at_position[:k] += (num_accepted[:, None] > positions).sum(0)
+        index = torch.tensor(rows, dtype=torch.long)
+        self.target_forwards.index_add_(0, index, torch.ones(len(rows), dtype=torch.long))
+        self.drafted_tokens.index_add_(0, index, torch.tensor(drafted, dtype=torch.long))
+        self.accepted_tokens.index_add_(0, index, torch.tensor(num_accepted, dtype=torch.long))
+        self.emitted_tokens.index_add_(0, index, torch.tensor(emitted, dtype=torch.long))
+        reached = [sum(d > j for d in drafted) for j in range(k)]
+        accepted = [sum(a > j for a in num_accepted) for j in range(k)]
+        self.drafted_at_position[:k] += torch.tensor(reached, dtype=torch.long)
+        self.accepted_at_position[:k] += torch.tensor(accepted, dtype=torch.long)
 
     def summary(self) -> dict[str, float]:
         """Batch totals as plain numbers, for logs and benchmarks."""
@@ -122,9 +121,9 @@ class ScoreRecorder:
         self._scores: list[list[torch.Tensor]] = [[] for _ in range(batch_size)]
         self._logits: list[list[torch.Tensor]] = [[] for _ in range(batch_size)]
 
-    def record(self, rows: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> None:
+    def record(self, rows: list[int], counts: list[int], scores: torch.Tensor, logits: torch.Tensor) -> None:
         """Row `rows[i]` committed `counts[i]` tokens, chosen from `scores[i, :counts[i]]` `(active, n, vocab)`."""
-        for i, (row, count) in enumerate(zip(rows.tolist(), counts.tolist(), strict=True)):
+        for i, (row, count) in enumerate(zip(rows, counts, strict=True)):
             if self.keep_scores:
                 self._scores[row].extend(scores[i, :count].unbind(0))
             if self.keep_logits:

@@ -49,6 +49,10 @@ class TokenBuffer:
         self.tokens[:, :prompt] = input_ids
         self.lengths = torch.full((batch,), prompt, dtype=torch.long, device=input_ids.device)  # (B,)
         self.active = torch.arange(batch, device=input_ids.device)  # rows still running, original indices
+        # The same on the host, kept in step by `settle` from each step's one read (see `readback`).
+        self.host_lengths = [prompt] * batch
+        self.active_rows = list(range(batch))
+        self.host_tokens: list[list[int]] = input_ids.tolist()  # committed tokens only
         self.eos = eos_token_ids
         self.criteria = StoppingCriteriaList(
             c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))
@@ -157,11 +161,41 @@ class TokenBuffer:
                 stopped[group[hit]] = True
         return counts, stopped
 
-    def retire(self, finished: torch.Tensor) -> torch.Tensor:
-        """Drop finished rows from the active set; returns the positions (in the old active order) kept."""
-        keep = (~finished).nonzero(as_tuple=True)[0]
-        self.active = self.active[keep]
-        return keep
+    @property
+    def least_advanced(self) -> int:
+        """The shortest active row's length, from the host's lengths."""
+        return min(self.host_lengths[row] for row in self.active_rows)
+
+    def laggard(self) -> int:
+        """Position (in the active order) of the least advanced row, from the host's lengths."""
+        lengths = [self.host_lengths[row] for row in self.active_rows]
+        return lengths.index(min(lengths))
+
+    def lagging_rows(self) -> list[bool]:
+        """`lagging` from the host's lengths: which active rows are the least advanced."""
+        least = self.least_advanced
+        return [self.host_lengths[row] == least for row in self.active_rows]
+
+    def settle(self, tokens: list[list[int]]) -> None:
+        """Bring the host's tokens and lengths in step with a commit: active row i committed `tokens[i]` (rows
+        are cut back to `max_length`, which a commit may have lowered for every row)."""
+        for row, committed in zip(self.active_rows, tokens, strict=True):
+            self.host_tokens[row] += committed
+            self.host_lengths[row] += len(committed)
+        if any(length > self.max_length for length in self.host_lengths):
+            self.host_lengths = [min(length, self.max_length) for length in self.host_lengths]
+            self.host_tokens = [row[: self.max_length] for row in self.host_tokens]
+
+    def retire(self, finished: list[bool]) -> torch.Tensor | None:
+        """Drop finished rows from the active set; returns the positions (in the old active order) kept, or
+        `None` when every row is still running."""
+        if not any(finished):
+            return None
+        keep = [i for i, done in enumerate(finished) if not done]
+        self.active_rows = [self.active_rows[i] for i in keep]
+        index = torch.tensor(keep, dtype=torch.long).to(self.active.device, non_blocking=True)
+        self.active = self.active[index]
+        return index
 
     def sequences(self, pad_token_id: int) -> torch.Tensor:
         """The output of `generate()`: `(batch, prompt + longest generation)`, padded after each row's end."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal
+from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.sequences import TokenBuffer
@@ -87,7 +87,7 @@ class MedusaDrafter:
         what its matches would have committed."""
         self.hidden = _last_accepted(accepted)
         if self.prompt_lookup is not None:
-            self.prompt_lookup.observe(accepted.tokens, accepted.emitted)
+            self.prompt_lookup.observe(committed_tokens(accepted))
 
     def follow(self, accepted: Accepted) -> None:
         """A plain step: the heads read the base's state at the target's new token next."""

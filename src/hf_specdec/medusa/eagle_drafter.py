@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal
+from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
 from hf_specdec.drafters.draft_tree import FrontierAncestry, growth_rule
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.draft_length import DraftLengthPolicy
@@ -56,6 +56,7 @@ class EagleDrafter:
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
         self.device = next(heads.parameters()).device
+        self.reads = context.reads
         self.max_depth = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
         self.seq: CachedSequence | None = None
         self._prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -82,7 +83,7 @@ class EagleDrafter:
         self._prompt = None
         following = torch.cat([input_ids[:, 1:], first_token[:, None].to(self.device)], dim=1)  # (B, P)
         hidden = hidden.to(self.device)
-        self.seq = CachedSequence(self.heads.decoder, input_ids.shape[0], self.device)
+        self.seq = CachedSequence(self.heads.decoder, input_ids.shape[0], self.device, self.reads)
         length = input_ids.shape[1]
         if length > 1:
             self.seq.forward(
@@ -167,7 +168,7 @@ class EagleDrafter:
         self.tokens = accepted.tokens.to(self.device)  # the token after each of them
         self.count = (accepted.num_accepted + 1).to(self.device)
         if self.prompt_lookup is not None:
-            self.prompt_lookup.observe(accepted.tokens, accepted.emitted)
+            self.prompt_lookup.observe(committed_tokens(accepted))
 
     def follow(self, accepted: Accepted) -> None:
         """A plain step: the root's entry (its feature, the target's token after it) joins the pending ones."""

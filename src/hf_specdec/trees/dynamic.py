@@ -137,7 +137,8 @@ class DynamicTree:
             frontier, frontier_tokens = size + best, child_tokens.gather(1, best)
             frontiers.append(frontier)
             size += child_scores.shape[1]
-        return GrownPool(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1), frontiers)
+        branching = min(self.top_k, logp.shape[-1])
+        return GrownPool(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1), frontiers, branching)
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,14 @@ class GrownPool:
         tokens, parents, scores (`(batch, pool)`): each node's token, parent (pool index, -1 for the root) and
             score (the log-probability of its path; -inf where the drafter ruled the node out).
         frontiers (`list` of `(batch, F)`): the pool indices of the nodes expanded at each depth, the root first.
+        branching (`int`): the most children growing gave any node.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     scores: torch.Tensor
     frontiers: list[torch.Tensor]
+    branching: int
 
     def select(self, num_nodes: int) -> tuple[torch.Tensor, RowTrees, torch.Tensor]:
         """The tree of the `num_nodes` best-scored nodes: `(nodes, trees, chosen)`, the token of every node
@@ -170,8 +173,11 @@ class GrownPool:
         nodes = torch.cat([self.tokens[:, :1], self.tokens.gather(1, chosen)], dim=1)
         tree_parents = torch.cat([self.tokens.new_full((batch, 1), -1), tree_parents], dim=1)
         ruled_out = torch.isneginf(self.scores.gather(1, chosen))  # (B, n)
-        if not bool(ruled_out.any()):
-            return nodes, RowTrees.from_parents(tree_parents, validate=False), chosen  # a tree by construction
         real = torch.cat([torch.ones_like(ruled_out[:, :1]), ~ruled_out], dim=1)
         tree_parents = torch.where(real, tree_parents, 0)  # padding hangs from the root
-        return nodes, RowTrees.from_parents(tree_parents, real=real, validate=False), chosen
+        # Grown depth by depth with at most `branching` children per node: the sizes are known to the host.
+        depth = len(self.frontiers)
+        trees = RowTrees.from_parents(
+            tree_parents, real=real, validate=False, max_depth=depth, max_children=self.branching
+        )
+        return nodes, trees, chosen

@@ -36,7 +36,14 @@ class RowTrees:
     real: torch.Tensor
 
     @classmethod
-    def from_parents(cls, parents: torch.Tensor, real: torch.Tensor | None = None, validate: bool = True) -> RowTrees:
+    def from_parents(
+        cls,
+        parents: torch.Tensor,
+        real: torch.Tensor | None = None,
+        validate: bool = True,
+        max_depth: int | None = None,
+        max_children: int | None = None,
+    ) -> RowTrees:
         """The structure of trees given by their parent pointers.
 
         Args:
@@ -46,6 +53,10 @@ class RowTrees:
                 of the root that are never tried); all True by default.
             validate (`bool`): check the structure (each check waits for the device); the library's own
                 builders, whose trees are valid by construction, skip it.
+            max_depth, max_children (`int`, *optional*): bounds on any node's depth and number of children that
+                the caller knows (a tree grown depth by depth, with at most so many children per node): the
+                structure is then built without the host reading a device value (`paths` and `children` are as
+                wide as the bounds). Without them the exact sizes are read.
         """
         if parents.dim() != 2 or parents.shape[1] == 0:
             raise ValueError(f"Parents form a (batch, nodes) tensor, root first; got shape {tuple(parents.shape)}.")
@@ -54,29 +65,37 @@ class RowTrees:
         real = torch.ones(batch, n, dtype=torch.bool, device=device) if real is None else real.to(device)
         if validate:
             _validate(parents, real)
-        rows = torch.arange(batch, device=device)[:, None]
-        nodes = torch.arange(n, device=device)[None].expand(batch, n)
+        nodes = torch.arange(n, device=device)
         ancestors = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, N, N)
         depths = torch.zeros(batch, n, dtype=torch.long, device=device)
         walk = parents.clone()  # every node's ancestor one level further up at each pass
-        while bool((walk >= 0).any()):
+        level = 0
+        while (level < max_depth) if max_depth is not None else bool((walk >= 0).any()):
             up = walk >= 0
-            ancestors[rows.expand(batch, n)[up], nodes[up], walk[up]] = True
+            ancestors |= (walk[..., None] == nodes) & up[..., None]
             depths += up.long()
             walk = torch.where(up, parents.gather(1, walk.clamp_min(0)), -1)
-        max_depth = int(depths.max())
-        paths = torch.full((batch, n, max_depth + 1), -1, dtype=torch.long, device=device)
-        for depth in range(max_depth + 1):
+            level += 1
+        deepest = max_depth if max_depth is not None else int(depths.max())
+        paths = torch.full((batch, n, deepest + 1), -1, dtype=torch.long, device=device)
+        for depth in range(deepest + 1):
             at_depth = ancestors & (depths[:, None, :] == depth)  # (B, N, N)
             paths[..., depth] = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)
         # A node's place among its siblings: how many earlier real nodes share its parent.
         earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)  # (N, N): j < i
         rank = ((parents[:, :, None] == parents[:, None, :]) & earlier & real[:, None, :]).sum(-1)  # (B, N)
-        width = int(rank[:, 1:][real[:, 1:]].max()) + 1 if bool(real[:, 1:].any()) else 1
-        children = torch.full((batch, n, width), -1, dtype=torch.long, device=device)
         listed = real.clone()
         listed[:, 0] = False  # (B, N) nodes that are someone's child
-        children[rows.expand(batch, n)[listed], parents[listed], rank[listed]] = nodes[listed]
+        if max_children is not None:
+            width = max(min(max_children, n - 1), 1)
+        else:
+            width = int(torch.where(listed, rank, 0).max()) + 1 if n > 1 else 1
+        # Each listed node at (its parent, its rank); everything else into one spare slot, dropped.
+        spare = n * width
+        slot = torch.where(listed & (rank < width), parents.clamp_min(0) * width + rank, spare)
+        flat = torch.full((batch, spare + 1), -1, dtype=torch.long, device=device)
+        flat.scatter_(1, slot, torch.where(listed, nodes, -1).expand(batch, n).contiguous())
+        children = flat[:, :spare].reshape(batch, n, width)
         return cls(parents, depths, ancestors, paths, children, real)
 
     @classmethod

@@ -81,7 +81,7 @@ class DraftTree:
     @property
     def depth(self) -> int:
         """The longest path's number of drafted tokens."""
-        return int(self.depths.max())
+        return max(len(path) for path in self.choices)
 
     def top_k_per_depth(self) -> list[int]:
         """How many candidates each depth needs: 1 + the highest rank used there."""
