@@ -1,5 +1,6 @@
 """hf_specdec: lossless speculative decoding for Hugging Face transformers causal LMs, at any batch size."""
 
+from hf_specdec.drafters.decoding import speculative_decode
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.acceptance import (
     greedy_accept,
@@ -9,7 +10,6 @@ from hf_specdec.generation.acceptance import (
 )
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.draft_length import DraftLengthPolicy
-from hf_specdec.generation.loop import speculative_decode
 from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads

@@ -10,24 +10,20 @@ the target's distribution exactly) and adds one token of the target's own; the p
 tokens, the target's KV cache and the drafter. Every row of the batch runs its own acceptance; finished rows
 leave the batch.
 
-`speculative_decode` is the entry point of `generate(assistant=... | prompt_lookup_num_tokens=...)`; Medusa
-heads enter through `hf_specdec.medusa.decoding.medusa_decode`.
+The loop knows drafters only through their protocol (`hf_specdec.drafters.base`): draft models and prompt lookup
+enter through `hf_specdec.drafters.decoding.speculative_decode` (`generate(assistant=... |
+prompt_lookup_num_tokens=...)`), Medusa and EAGLE heads through `hf_specdec.medusa.decoding.medusa_decode`.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.drafters.base import Accepted, Drafter, DrafterFactory, DraftingContext, Proposal, chain_proposal
-from hf_specdec.drafters.draft_model import DraftModelDrafter
-from hf_specdec.drafters.draft_tree import DraftTreeDrafter
-from hf_specdec.drafters.hybrid import HybridDrafter
-from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.base import Accepted, DrafterFactory, DraftingContext, Proposal, chain_proposal
 from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
 from hf_specdec.generation.cost_model import SpeculationGate
 from hf_specdec.generation.draft_length import DraftLengthPolicy
@@ -40,7 +36,6 @@ from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.step_clock import StepClock
 from hf_specdec.generation.validation import check_generation_config, output_vocab_size
-from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
 ACCEPTANCE = ("exact", "typical")
@@ -56,103 +51,6 @@ def choose_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generat
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
     return scores.argmax(dim=-1)
-
-
-@torch.no_grad()
-def speculative_decode(
-    model: PreTrainedModel,
-    input_ids: torch.Tensor,
-    logits_processor: LogitsProcessorList,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    *,
-    assistant: PreTrainedModel | None = None,
-    prompt_lookup: PromptLookupDrafter | None = None,
-    draft_length: DraftLengthPolicy,
-    assistant_vocab: torch.Tensor | None = None,
-    tree: DynamicTree | None = None,
-    streamer: BaseStreamer | None = None,
-    generator: torch.Generator | None = None,
-    **model_kwargs: Any,
-) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
-    """Generate with chains drafted by a draft model, by prompt lookup, or by both (each step the one expected
-    to pay more, `HybridDrafter`), or with trees grown by a draft model (`tree`), keeping the target's greedy
-    tokens or its sampling distribution exactly.
-
-    Args:
-        model (`PreTrainedModel`): the target.
-        input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
-        logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
-        assistant (`PreTrainedModel`, *optional*): the draft model.
-        prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup.
-        draft_length (`DraftLengthPolicy`): how many tokens the draft model drafts per step; it also measures the
-            costs every drafter's length rule uses.
-        assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
-        tree (`DynamicTree`, *optional*): the draft model grows this tree per row and step (`DraftTreeDrafter`)
-            instead of a chain; not with prompt lookup.
-        streamer, generator, model_kwargs: as for [`decode`].
-    """
-    if assistant is None and prompt_lookup is None:
-        raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
-    if tree is not None and (assistant is None or prompt_lookup is not None):
-        raise ValueError("A draft tree is grown by a draft model alone: pass `assistant=` without prompt lookup.")
-    make_drafter = functools.partial(
-        _drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab, tree=tree
-    )
-    path = "`assistant=`" if assistant is not None else "prompt lookup"
-    # Plain steps where drafting does not pay belong to the adaptive schedule; "constant" and "heuristic" draft
-    # as they say at every step.
-    adaptive = (
-        draft_length.schedule == "adaptive" if assistant is not None else bool(prompt_lookup and prompt_lookup.adaptive)
-    )
-    return decode(
-        model,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        make_drafter=make_drafter,
-        costs=draft_length,
-        path=path,
-        plain_steps=adaptive,
-        streamer=streamer,
-        generator=generator,
-        **model_kwargs,
-    )
-
-
-def _drafter(
-    context: DraftingContext,
-    assistant: PreTrainedModel | None,
-    prompt_lookup: PromptLookupDrafter | None,
-    assistant_vocab: torch.Tensor | None,
-    tree: DynamicTree | None,
-) -> Drafter:
-    if assistant is None:
-        assert prompt_lookup is not None
-        return prompt_lookup
-    if tree is not None:
-        return DraftTreeDrafter(
-            assistant,
-            context.vocab_size,
-            context.processors,
-            context.do_sample,
-            context.generator,
-            assistant_vocab,
-            tree=tree,
-            reads=context.reads,
-        )
-    drafter = DraftModelDrafter(
-        assistant,
-        context.vocab_size,
-        context.processors,
-        context.do_sample,
-        context.generator,
-        assistant_vocab,
-        max_tokens=context.costs.max_tokens,
-        reads=context.reads,
-    )
-    return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from hf_specdec.drafters.decoding import speculative_decode
 from hf_specdec.drafters.draft_tree import draft_tree_spec
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.vocab import check_token_ids
@@ -31,7 +32,6 @@ from hf_specdec.generation.arguments import (
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.draft_length import SCHEDULES, DraftLengthPolicy
 from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
-from hf_specdec.generation.loop import speculative_decode
 from hf_specdec.generation.validation import check_models, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
 
