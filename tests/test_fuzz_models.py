@@ -194,3 +194,11 @@ def test_the_checker_reports_a_different_output_and_a_crash(monkeypatch: pytest.
         assert result.failure and result.kind == kind, result.outcome
         line = record(case, result)
         assert line["outcome"].startswith(kind) and json.loads(json.dumps(line))["case"] == case.to_json()
+
+
+@pytest.mark.parametrize("seed", ["42:medusa_dynamic:5934", "42:medusa_dynamic:6711"])
+def test_a_dynamic_tree_deeper_than_the_tokens_left_is_cut_to_them(seed: str) -> None:
+    """Found by the fuzzer: a DynamicTree deeper than what a step can still commit (two new tokens) grew paths wider
+    than the token buffer's room after max_length (IndexError); Medusa heads now grow it no deeper than that."""
+    result = run_case(draw_case("medusa_dynamic", seed))
+    assert not result.failure, result.outcome.splitlines()[0][:200]

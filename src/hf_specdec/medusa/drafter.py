@@ -76,7 +76,8 @@ class MedusaDrafter:
             trees = self.static.expand(nodes.shape[0])
         else:
             assert isinstance(self.tree, DynamicTree)
-            nodes, trees = self.heads.dynamic_candidates(hidden, last_token, self.tree, self.lm_head, self.embeddings)
+            spec = self.tree.within(max_tokens)  # no deeper than the step can commit (nor its token buffer hold)
+            nodes, trees = self.heads.dynamic_candidates(hidden, last_token, spec, self.lm_head, self.embeddings)
         looked_up = False
         if self.prompt_lookup is not None:
             nodes, trees, looked_up = self.prompt_lookup.graft(nodes, trees, buffer, next_position, costs, max_tokens)
