@@ -98,25 +98,8 @@ def _drafter(
     if assistant is None:
         assert prompt_lookup is not None
         return prompt_lookup
+    common = (assistant, context.vocab_size, context.processors, context.do_sample, context.generator, assistant_vocab)
     if tree is not None:
-        return DraftTreeDrafter(
-            assistant,
-            context.vocab_size,
-            context.processors,
-            context.do_sample,
-            context.generator,
-            assistant_vocab,
-            tree=tree,
-            reads=context.reads,
-        )
-    drafter = DraftModelDrafter(
-        assistant,
-        context.vocab_size,
-        context.processors,
-        context.do_sample,
-        context.generator,
-        assistant_vocab,
-        max_tokens=context.costs.max_tokens,
-        reads=context.reads,
-    )
+        return DraftTreeDrafter(*common, tree=tree, reads=context.reads)
+    drafter = DraftModelDrafter(*common, max_tokens=context.costs.max_tokens, reads=context.reads)
     return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)

@@ -107,7 +107,6 @@ class PromptLookupDrafter(ChainDrafter):
         # Acceptance by draft position, per matched n-gram size.
         self.history = HistoryByMatchSize()
         self.starts: list[int] | None = None  # per row of the batch: its first real token (after left padding)
-        self._last: Chain | None = None
         self._sizes: list[int] = []  # matched n-gram size per row in the last proposal (0: no match)
         self._tokens: list[list[int]] = []  # per row the last proposal's looked-up tokens
         self._lengths: list[int] = []  # and how many of them it drafted
@@ -165,8 +164,7 @@ class PromptLookupDrafter(ChainDrafter):
         tokens = torch.tensor(self._tokens, dtype=torch.long).reshape(len(rows), k).to(device, non_blocking=True)
         lengths = torch.tensor(self._lengths, dtype=torch.long).to(device, non_blocking=True)
         buffer.write(0, tokens)
-        self._last = Chain(tokens, lengths=lengths, looked_up=any(self._lengths))
-        return self._last
+        return Chain(tokens, lengths=lengths, looked_up=any(self._lengths))
 
     def expected_tokens(self) -> float:
         """Expected committed tokens per row of the last proposal: one from the target plus, per drafted

@@ -47,8 +47,6 @@ class HostReads:
 
     def __init__(self) -> None:
         self._queued: list[tuple[torch.Tensor, Callable[[list[int]], None]]] = []
-        #: Reads made so far (one per `read` call).
-        self.count = 0
 
     def later(self, values: torch.Tensor, then: Callable[[list[int]], None]) -> None:
         """Read integer `values` (any shape) with the next [`read`], and hand them to `then` as a flat list."""
@@ -63,7 +61,6 @@ class HostReads:
             return []
         device = parts[0].device
         flat: list[int] = torch.cat([p.to(device) for p in parts]).tolist()
-        self.count += 1
         pieces, start = [], 0
         for part in parts:
             pieces.append(flat[start : start + part.numel()])
