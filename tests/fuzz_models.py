@@ -785,6 +785,8 @@ def draw_case(path: str, seed: str) -> Case:
         _lookup_kwargs(rng, kw)
     else:
         _draw_heads(rng, case)
+    if rng.random() < 0.15:  # the speculative call only: plain decoding keeps its dynamic cache as the reference
+        kw["cache_implementation"] = "static"
     return case
 
 

@@ -33,7 +33,7 @@ def _generate(target, draft, **kwargs):
         ({"prompt_lookup_num_tokens": 0}, "positive integer"),
         ({"max_matching_ngram_size": 2}, "pass `prompt_lookup_num_tokens` too"),
         ({"use_cache": False}, "use_cache=False"),
-        ({"cache_implementation": "static"}, "cache_implementation"),
+        ({"cache_implementation": "offloaded"}, "cache_implementation"),
         ({"assistant_vocab": [1, 500]}, "outside the model's"),
         ({"assistant_vocab": [4, 4]}, "repeated"),
     ],

@@ -195,6 +195,17 @@ def test_left_padded_ragged_batch_rows_follow_their_own_distribution(mode: str, 
     assert min(swapped.values()) < POWER_ALPHA, swapped
 
 
+def test_a_static_cache_keeps_the_target_distribution() -> None:
+    """`cache_implementation="static"`: preallocated slots, rolled back by moving a pointer, in a ragged batch."""
+    (samples_a, samples_b), stats = _speculative_samples(
+        (PROMPT_A, PROMPT_B), 3, "warped", seed=2718, cache_implementation="static"
+    )
+    _check_acceptance(stats, 3)
+    for samples, prompt in ((samples_a, PROMPT_A), (samples_b, PROMPT_B)):
+        pvalues = _pvalues(samples, _target_joint(prompt, "warped"))
+        assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
+
+
 @pytest.mark.parametrize("mode", ["plain", "warped"])
 def test_a_draft_vocabulary_keeps_the_target_distribution(mode: str) -> None:
     """A draft that may propose only every other token (q is zero on the rest): the tokens it cannot propose

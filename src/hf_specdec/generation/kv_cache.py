@@ -8,6 +8,10 @@ the cache keeps one slot per token fed to the model for every row, crops the slo
 marks the rest invalid for the rows that rejected them ("holes"). Holes are masked out of attention like
 left padding, and logical `position_ids` skip them, so every row computes exactly what it would alone.
 When holes take up too much of the cache, `compact` squeezes them out in one gather.
+
+With `cache_implementation="static"` the slots live in preallocated tensors (transformers' `StaticLayer`), every
+forward sees all of them under a mask of fixed width, and a compiled forward (`compile`) pads the tokens it is fed
+to a few bucketed widths, so that `torch.compile` (and CUDA graphs) see a bounded set of shapes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import functools
 import inspect
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers.cache_utils import Cache, StaticLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.generation.positions import slot_indexed_mask_size
@@ -28,6 +33,31 @@ _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 # Compact a cache once holes make up this share of its slots, and at least MIN_WASTE slots.
 COMPACT_FRACTION = 0.25
 MIN_WASTE = 32
+# A static cache holds `max_length` slots plus this many, so that a step's drafted nodes fit beside a full
+# sequence without a compaction; a wider forward grows it (and recompiles a compiled forward once).
+STATIC_HEADROOM = 64
+# transformers' names for a cache of preallocated, fixed-size tensors (the deprecated ones included: the layer
+# structure is the model's either way, and here every layer keeps every slot, see `CachedSequence`).
+STATIC_CACHE_IMPLEMENTATIONS = (
+    "static",
+    "sliding_window",
+    "hybrid",
+    "hybrid_chunked",
+)
+
+
+def bucket(width: int) -> int:
+    """The width a compiled forward is fed for `width` new tokens: the next power of two, so that a generation
+    compiles at most `log2(widest) + 1` shapes."""
+    return 1 << max(width - 1, 0).bit_length()
+
+
+def wants_compile(model: PreTrainedModel, cache: Cache, generation_config: GenerationConfig) -> bool:
+    """Whether plain `generate()` would compile this model's decoding forward with this cache: transformers'
+    own rule (a compileable cache on an accelerator, or a `compile_config` that asks for every device, and
+    `disable_compile` unset), so that speculation is compiled exactly where the baseline it is compared with is."""
+    rule = getattr(model, "_valid_auto_compile_criteria", None)
+    return bool(rule is not None and rule({"cache": cache}, generation_config))
 
 
 class AttentionLayout:
@@ -88,7 +118,12 @@ class CachedSequence:
     """
 
     def __init__(
-        self, model: PreTrainedModel, batch_size: int, device: torch.device, reads: HostReads | None = None
+        self,
+        model: PreTrainedModel,
+        batch_size: int,
+        device: torch.device,
+        reads: HostReads | None = None,
+        capacity: int | None = None,
     ) -> None:
         self.model = model
         # With `reads`, how many holes the cache has is learnt with the loop's next read instead of at once.
@@ -100,7 +135,11 @@ class CachedSequence:
         # Full layers always: a sliding-window layer would drop old slots on its own, out of step with `valid`.
         # The window is applied in the mask instead, on logical positions, and slots that left it are compacted
         # away (`forget_out_of_window`).
-        self.cache = DynamicCache()
+        # With `capacity`, a static cache of that many slots per layer (it grows if a forward would overflow it).
+        self.capacity = capacity
+        self.cache: Cache = DynamicCache() if capacity is None else _static_cache(capacity)
+        self._call = model  # the forward of steps after the first: the model, or its compiled call
+        self.compiled = False
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
@@ -108,6 +147,15 @@ class CachedSequence:
     @property
     def num_slots(self) -> int:
         return self.valid.shape[1]
+
+    def compile(self, generation_config: GenerationConfig) -> None:
+        """Run every forward after the first through the model's compiled call (`get_compiled_call`, with the
+        `compile_config` of `generation_config`), feeding it bucketed widths (see `bucket`). Needs a static cache:
+        a growing cache would change shapes at every step."""
+        if self.capacity is None:
+            raise ValueError("Only a static cache can be compiled: pass cache_implementation='static'.")
+        self._call = self.model.get_compiled_call(generation_config.compile_config)
+        self.compiled = True
 
     def _mask(
         self,
@@ -118,15 +166,22 @@ class CachedSequence:
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         dtype = self.model.dtype
         key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
-        full = visibility(self.valid, new_valid, structure, recent=recent)  # (B, q, P+q)
+        full = self._all_slots(visibility(self.valid, new_valid, structure, recent=recent))  # (B, q, P+q)
         if self.layout.sliding_window is None:
             return to_additive(full, dtype)
         window = visibility(
             self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window, recent
         )
+        window = self._all_slots(window)
         if not self.layout.mixed:
             return to_additive(window, dtype)
         return {"full_attention": to_additive(full, dtype), "sliding_attention": to_additive(window, dtype)}
+
+    def _all_slots(self, visible: torch.Tensor) -> torch.Tensor:
+        """A static cache's forward attends over all its slots: the ones past the new tokens are hidden."""
+        if self.capacity is None:
+            return visible
+        return torch.nn.functional.pad(visible, (0, self.capacity - visible.shape[-1]), value=False)
 
     def forward(
         self,
@@ -158,17 +213,48 @@ class CachedSequence:
         Returns:
             The model's `CausalLMOutputWithPast`; `logits` has shape `(batch, q, vocab)`.
         """
+        width = new_valid.shape[1]
+        first = self.num_slots == 0
+        pad = bucket(width) - width if self.compiled and not first else 0
+        if self.capacity is not None:
+            self._make_room(width + pad)
+        if pad:
+            input_ids, inputs_embeds, new_valid, new_positions, structure, recent = _pad_new_tokens(
+                pad, input_ids, inputs_embeds, new_valid, new_positions, structure, recent
+            )
+            if logits_to_keep:
+                logits_to_keep += pad
         mask = self._mask(new_valid, new_positions, structure, recent)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         call = {"attention_mask": mask, "position_ids": new_positions, "cache": self.cache, "use_cache": True}
-        if self.num_slots > 0:
-            outputs = self.model(**inputs, **call, output_hidden_states=output_hidden_states, **extra)
+        if first:
+            outputs = self._first_forward(inputs, call, output_hidden_states, extra, width)
         else:
-            outputs = self._first_forward(inputs, call, output_hidden_states, extra, new_valid.shape[1])
+            outputs = self._call(**inputs, **call, output_hidden_states=output_hidden_states, **extra)
+        if self.compiled:
+            outputs = _own_outputs(outputs, width, pad)
+        if pad:
+            self.cache.crop(-pad)  # the padding's slots are written over by the next forward
+            new_valid, new_positions = new_valid[:, :width], new_positions[:, :width]
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.positions = torch.cat([self.positions, new_positions], dim=1)
         return outputs
+
+    def _make_room(self, width: int) -> None:
+        """Make a static cache hold `width` more slots: compact it if holes are in the way, grow it otherwise."""
+        assert self.capacity is not None
+        if self.num_slots + width <= self.capacity:
+            return
+        if self.num_slots:
+            self.compact()  # reads how many slots the fullest row needs: rare (holes filled a whole headroom)
+        if self.num_slots + width <= self.capacity:
+            return
+        self.capacity = max(2 * self.capacity, self.num_slots + width)
+        self.cache.layer_class_to_replicate = functools.partial(StaticLayer, max_cache_len=self.capacity)
+        for layer in self.cache.layers:
+            if isinstance(layer, StaticLayer):
+                _grow_static_layer(layer, self.capacity)
 
     def _first_forward(
         self, inputs: dict, call: dict, output_hidden_states: bool, extra: dict, width: int
@@ -252,7 +338,12 @@ class CachedSequence:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows of the batch (finished rows leave the batch and cost nothing more)."""
-        self.cache.batch_select_indices(rows)
+        if self.capacity is None:
+            self.cache.batch_select_indices(rows)
+        else:
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is not None:
+                    _set_static_states(layer, layer.keys[rows], layer.values[rows])
         self.valid = self.valid[rows]
         self.positions = self.positions[rows]
 
@@ -308,11 +399,17 @@ class CachedSequence:
         self._waste, self._compactions = 0, self._compactions + 1
         # Stable order: invalid slots first, then valid ones in their original order.
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]  # (B, width)
+        slots = self.num_slots
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
-            layer.keys = _gather_slots(layer.keys, order)
-            layer.values = _gather_slots(layer.values, order)
+            if self.capacity is None:
+                layer.keys = _gather_slots(layer.keys, order)
+                layer.values = _gather_slots(layer.values, order)
+            else:  # in place: a static cache keeps its tensors (a compiled forward holds their addresses)
+                layer.keys[:, :, :width] = _gather_slots(layer.keys[:, :, :slots], order)
+                layer.values[:, :, :width] = _gather_slots(layer.values[:, :, :slots], order)
+                layer.cumulative_length.fill_(width)
         self.valid = self.valid.gather(1, order)
         self.positions = self.positions.gather(1, order)
 
@@ -322,3 +419,67 @@ def _gather_slots(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     batch, heads, _, dim = states.shape
     index = order[:, None, :, None].expand(batch, heads, order.shape[1], dim)
     return states.gather(2, index)
+
+
+def _static_cache(capacity: int) -> Cache:
+    """A cache of `StaticLayer`s of `capacity` slots, one per layer as the model first writes it.
+
+    Every layer keeps every slot, sliding-window ones included: the window is applied by the mask on logical
+    positions, as with the dynamic cache."""
+    return Cache(layer_class_to_replicate=functools.partial(StaticLayer, max_cache_len=capacity))
+
+
+def _set_static_states(layer: StaticLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Give a static layer new key and value tensors (another batch or capacity), at a fixed address again."""
+    layer.keys, layer.values = keys.contiguous(), values.contiguous()
+    layer.batch_size = keys.shape[0]
+    layer.max_cache_len = keys.shape[2]
+    torch._dynamo.mark_static_address(layer.keys)
+    torch._dynamo.mark_static_address(layer.values)
+
+
+def _grow_static_layer(layer: StaticLayer, capacity: int) -> None:
+    """Reallocate a static layer with `capacity` slots, keeping the slots written so far."""
+    if getattr(layer, "keys", None) is None:
+        layer.max_cache_len = capacity
+        return
+    keys, values = layer.keys, layer.values
+    extra = capacity - keys.shape[2]
+    _set_static_states(
+        layer,
+        torch.cat([keys, keys.new_zeros(*keys.shape[:2], extra, keys.shape[3])], dim=2),
+        torch.cat([values, values.new_zeros(*values.shape[:2], extra, values.shape[3])], dim=2),
+    )
+
+
+def _pad_new_tokens(
+    pad: int,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    new_valid: torch.Tensor,
+    new_positions: torch.Tensor,
+    structure: torch.Tensor,
+    recent: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Append `pad` padding tokens to a forward's inputs: invalid, seen by no other token, each seeing only
+    itself (so that attention stays finite), at the position of the last real token."""
+    pad_cols = (0, pad)
+    if input_ids is not None:
+        input_ids = torch.nn.functional.pad(input_ids, pad_cols)
+    if inputs_embeds is not None:
+        inputs_embeds = torch.nn.functional.pad(inputs_embeds, (0, 0, *pad_cols))
+    new_valid = torch.nn.functional.pad(new_valid, pad_cols, value=False)
+    new_positions = torch.cat([new_positions, new_positions[:, -1:].expand(-1, pad)], dim=1)
+    structure = torch.nn.functional.pad(structure, (0, pad, 0, pad), value=False)
+    if recent is not None:
+        recent = torch.nn.functional.pad(recent, (0, 0, 0, pad), value=False)
+    return input_ids, inputs_embeds, new_valid, new_positions, structure, recent
+
+
+def _own_outputs(outputs: CausalLMOutputWithPast, width: int, pad: int) -> CausalLMOutputWithPast:
+    """A compiled forward's outputs for its `width` real tokens without the `pad` after them, copied out of
+    memory the next call may reuse (CUDA graphs write every call's outputs to the same buffers)."""
+    outputs.logits = outputs.logits[:, : outputs.logits.shape[1] - pad].clone()
+    if outputs.hidden_states is not None:
+        outputs.hidden_states = tuple(h[:, :width].clone() for h in outputs.hidden_states)
+    return outputs

@@ -28,7 +28,12 @@ from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_t
 from hf_specdec.generation.cost_model import SpeculationGate
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.inputs import check_prompts
-from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.generation.kv_cache import (
+    STATIC_CACHE_IMPLEMENTATIONS,
+    STATIC_HEADROOM,
+    CachedSequence,
+    wants_compile,
+)
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.generation.positions import check_position_limits
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
@@ -44,6 +49,15 @@ ACCEPTANCE = ("exact", "typical")
 def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Logical positions `(batch, prompt)` of left-padded prompt tokens, as plain `generate()` computes them."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
+
+
+def static_capacity(generation_config: GenerationConfig) -> int | None:
+    """Slots of the target's static cache (`cache_implementation="static"`), `None` for a dynamic cache: the
+    longest sequence plus room for a step's drafted nodes, or `max_cache_len` when that is more (as in plain
+    `generate()`, a size that later calls can share)."""
+    if generation_config.cache_implementation not in STATIC_CACHE_IMPLEMENTATIONS:
+        return None
+    return max(generation_config.max_length + STATIC_HEADROOM, generation_config.max_cache_len or 0)
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
@@ -118,7 +132,8 @@ def decode(
     # Prefill the target (and the drafter) on the prompts; the target's last logits give the first token.
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
     reads = HostReads()  # the host's one read per step (see `readback`)
-    target = CachedSequence(model, input_ids.shape[0], device, reads)
+    capacity = static_capacity(generation_config)
+    target = CachedSequence(model, input_ids.shape[0], device, reads, capacity=capacity)
     context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs, reads)
     drafter = make_drafter(context)
     cost_model = costs.cost_model
@@ -137,6 +152,8 @@ def decode(
     # the tokens left to generate, whatever a drafter's most per step).
     scratch = min(drafter.max_depth, generation_config.max_length) + 1
     buffer = TokenBuffer(input_ids, generation_config, stopping_criteria, scratch=scratch)
+    if capacity is not None and wants_compile(model, target.cache, generation_config):
+        target.compile(generation_config)  # as plain `generate()` compiles its decoding steps
     logits = out.logits[:, -1:].float()
     scores = processors(buffer, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
     last_token = choose_token(scores[:, 0], do_sample, generator)  # (B,)

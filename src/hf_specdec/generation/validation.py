@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
-from hf_specdec.generation.kv_cache import AttentionLayout
+from hf_specdec.generation.kv_cache import STATIC_CACHE_IMPLEMENTATIONS, AttentionLayout
 
 # Models whose layers carry a recurrent state but whose configs have no `layer_types` to say so.
 _RECURRENT_MODEL_TYPES = {"rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba"}
@@ -164,10 +164,11 @@ def check_generation_config(
             )
     if config.use_cache is False:
         raise ValueError("Speculative decoding rolls the KV cache back and forth: `use_cache=False` cannot apply.")
-    if config.cache_implementation not in (None, "dynamic"):
+    if config.cache_implementation not in (None, "dynamic", *STATIC_CACHE_IMPLEMENTATIONS):
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported with {path}: speculative "
-            "decoding keeps its own dynamic caches. Leave cache_implementation unset."
+            "decoding builds its own caches in device memory, which it rolls back to the accepted tokens at "
+            "every step. Use cache_implementation='static' (preallocated, compileable) or 'dynamic'."
         )
     if (config.num_beams or 1) > 1:
         raise ValueError(
