@@ -86,9 +86,15 @@ def tiny_llama(seed: int = 0) -> PreTrainedModel:
     return model
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @contextlib.contextmanager
-def forward_time() -> Iterator[list[float]]:
-    """Seconds spent inside outermost `nn.Module` calls while the block runs (`[total]`)."""
+def forward_time(device: torch.device | None = None) -> Iterator[list[float]]:
+    """Seconds spent inside outermost `nn.Module` calls while the block runs (`[total]`); on a GPU each call is
+    waited for, so that its kernels count as forward time, not as the host's."""
     total, depth, started = [0.0], [0], [0.0]
 
     def before(module: nn.Module, args: Any) -> None:
@@ -99,6 +105,8 @@ def forward_time() -> Iterator[list[float]]:
     def after(module: nn.Module, args: Any, output: Any) -> None:
         depth[0] -= 1
         if depth[0] == 0:
+            if device is not None:
+                _synchronize(device)
             total[0] += time.perf_counter() - started[0]
 
     handles = [
@@ -113,7 +121,12 @@ def forward_time() -> Iterator[list[float]]:
 
 
 def measure_overhead(
-    paths: list[str] | None = None, new_tokens: int = 128, batch_size: int = 1, repeats: int = 5, seed: int = 0
+    paths: list[str] | None = None,
+    new_tokens: int = 128,
+    batch_size: int = 1,
+    repeats: int = 5,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> list[Overhead]:
     """Host time per token and host reads per step of each path (see the module's docstring), plain first.
 
@@ -123,13 +136,15 @@ def measure_overhead(
         batch_size (`int`): rows per call (random prompts of 16 tokens, no padding).
         repeats (`int`): timed calls per path, after one warm-up; the median counts.
         seed (`int`): seeds the models and the prompts.
+        device (`str` or `torch.device`): where the models run (on a GPU, the host time is what the device
+            waits for when the host is the bottleneck).
     """
     names = ["plain", *[p for p in (paths or list(PATHS)) if p != "plain"]]
     unknown = sorted(set(names) - set(PATHS))
     if unknown:
         raise ValueError(f"Unknown overhead paths {unknown}; choose from {list(PATHS)}.")
-    base = tiny_llama(seed)
-    prompts = torch.randint(4, 96, (batch_size, 16), generator=torch.Generator().manual_seed(seed))
+    base = tiny_llama(seed).to(device)
+    prompts = torch.randint(4, 96, (batch_size, 16), generator=torch.Generator().manual_seed(seed)).to(device)
     rows: list[Overhead] = []
     plain_ms = 0.0
     for name in names:
@@ -137,9 +152,10 @@ def measure_overhead(
         call()  # warm-up
         times, generated, steps = [], batch_size * new_tokens, float(new_tokens)
         for _ in range(repeats):
-            with forward_time() as inside:
+            with forward_time(base.device) as inside:
                 start = time.perf_counter()
                 out = call()
+                _synchronize(base.device)
                 wall = time.perf_counter() - start
             times.append((wall - inside[0]) / generated)
         with count_host_reads() as reads:

@@ -238,6 +238,8 @@ def decode(
             )
         stats.record_step(buffer.active_rows, outcome.drafted, outcome.num_accepted, outcome.emitted)
         stats.lookup_steps += proposal.looked_up
+        stats.draft_forwards += proposal.forwards
+        stats.verify_widths[width] = stats.verify_widths.get(width, 0) + 1
         stats.draft_seconds, stats.verify_seconds = clock.draft_seconds, clock.verify_seconds
 
     stats.costs = cost_model.estimated

@@ -31,6 +31,10 @@ class SpeculativeStats:
             a looked-up continuation grafted on).
         plain_steps: steps taken without drafts because drafting was not expected to pay for itself (the
             speculation gate, `hf_specdec.generation.cost_model`).
+        draft_forwards: forward passes of a draft model or of EAGLE heads' decoder layer (0 for prompt lookup and
+            Medusa heads).
+        verify_widths: `{tokens per row: steps}`, how wide each verification forward was (a tree's nodes plus
+            its root); with `draft_forwards`, what a step costs on other hardware (`hf_specdec.bench.gpu`).
     """
 
     target_forwards: torch.Tensor
@@ -43,6 +47,8 @@ class SpeculativeStats:
     verify_seconds: float = 0.0
     lookup_steps: int = 0
     plain_steps: int = 0
+    draft_forwards: int = 0
+    verify_widths: dict[int, int] = field(default_factory=dict)
     costs: SpeculativeCosts | None = None
 
     @classmethod

@@ -1,0 +1,326 @@
+"""`hf-specdec gpu`: measure what is hardware-specific on a device, and predict each method's speedup there.
+
+On a device (typically a GPU lent for a few minutes, with no network), for each target/draft pair of
+`real_sizes.PAIRS` built with random weights in the published shapes:
+
+- the target's verification cost V(n): one forward over n new tokens after a cached prefix, through the
+  decoding loop's own cache and masks, eager and compiled (`cache_implementation="static"` with transformers'
+  `torch.compile` of the forward, fed the loop's bucketed widths);
+- the draft's forward over one token, and its cost ratio to the target's;
+- the host's time per step of each path and its reads per step (`overhead`, tiny models on the device).
+
+Acceptance is a property of models and prompts, not of hardware: it comes from `acceptance_record.json`
+(real models' greedy runs on a CPU). The two combine into a **predicted** speedup per method: the recorded
+counts' verification widths and draft forwards, priced at the device's forward times, against plain decoding
+at its own (`StepRecord.predicted_speedup`). Everything stops measuring at a deadline, so that the command fits
+the few minutes a GPU may be lent for; what was not measured is said so in the table.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from transformers import CompileConfig, GenerationConfig, PreTrainedModel
+
+from hf_specdec.bench.acceptance_record import StepRecord, load_record
+from hf_specdec.bench.overhead import Overhead, measure_overhead
+from hf_specdec.bench.real_sizes import build_random
+from hf_specdec.generation.kv_cache import STATIC_HEADROOM, CachedSequence, bucket
+from hf_specdec.trees.masks import chain_structure
+
+# Which `overhead` path's host cost stands for each recorded method's.
+HOST_PATH = {
+    "draft-chain": "assistant-constant",
+    "draft-tree": "tree-8",
+    "lookup": "lookup",
+    "draft-lookup": "assistant",
+}
+EAGER_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+COMPILED_WIDTHS = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class PairCosts:
+    """One pair's forward times on the device, seconds by width (a width missing was not measured)."""
+
+    target: str
+    draft: str
+    eager: dict[int, float] = field(default_factory=dict)
+    compiled: dict[int, float] = field(default_factory=dict)
+    draft_eager: float | None = None
+    draft_compiled: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Prediction:
+    pair: str
+    method: str
+    tau: float
+    eager: float | None
+    compiled: float | None
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compile_config(device: torch.device) -> GenerationConfig:
+    """What plain `generate()` compiles with (transformers' default `CompileConfig`), told to compile on a CPU too."""
+    config = CompileConfig()
+    if device.type == "cpu":
+        config.mode = "default"  # CUDA graphs do not apply on a CPU
+        config._compile_all_devices = True
+    return GenerationConfig(compile_config=config)
+
+
+@torch.no_grad()
+def time_forwards(
+    model: PreTrainedModel,
+    widths: tuple[int, ...],
+    compiled: bool,
+    deadline: float,
+    prefix: int = 256,
+    repeats: int = 5,
+) -> dict[int, float]:
+    """Median seconds of one forward over `n` new tokens (one row, a chain) after a `prefix`-token cache, for
+    each `n` in `widths` measured before `deadline` (`time.perf_counter()`), through `CachedSequence` as the
+    decoding loop runs it; compiled: a static cache and the compiled forward (the first call per width, which
+    compiles, is not timed)."""
+    device = model.device
+    capacity = prefix + max(widths) + STATIC_HEADROOM if compiled else None
+    seq = CachedSequence(model, 1, device, capacity=capacity)
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    ids = torch.randint(0, vocab, (1, prefix), generator=generator).to(device)
+    ones = torch.ones_like(ids, dtype=torch.bool)
+    seq.forward(ids, ones, torch.arange(prefix, device=device)[None], chain_structure(prefix, device), logits_to_keep=1)
+    if compiled:
+        seq.compile(compile_config(device))
+    times: dict[int, float] = {}
+    for n in widths:
+        if time.perf_counter() > deadline:
+            break
+        nodes = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+        args = (nodes, torch.ones_like(nodes, dtype=torch.bool), prefix + torch.arange(n, device=device)[None])
+        structure = chain_structure(n, device)
+        samples = []
+        for repeat in range(repeats + 1):
+            _synchronize(device)
+            start = time.perf_counter()
+            seq.forward(*args, structure)
+            _synchronize(device)
+            if repeat:  # the first: warm-up (and compilation)
+                samples.append(time.perf_counter() - start)
+            seq.keep_prefix(n, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
+        times[n] = statistics.median(samples)
+    return times
+
+
+def measure_pair(
+    target_name: str,
+    draft_name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    deadline: float,
+    compiled_widths: tuple[int, ...] = COMPILED_WIDTHS,
+    tiny: bool = False,
+) -> PairCosts:
+    """A pair's forward times: the target eager over `EAGER_WIDTHS` and compiled over `compiled_widths`, the
+    draft over one token (eager and compiled)."""
+    costs = PairCosts(target_name, draft_name)
+    target = build_random(target_name, device, dtype, tiny)
+    costs.eager = time_forwards(target, EAGER_WIDTHS, compiled=False, deadline=deadline)
+    if compiled_widths:
+        costs.compiled = time_forwards(target, compiled_widths, compiled=True, deadline=deadline)
+    del target
+    draft = build_random(draft_name, device, dtype, tiny)
+    costs.draft_eager = time_forwards(draft, (1,), compiled=False, deadline=deadline).get(1)
+    if compiled_widths:
+        costs.draft_compiled = time_forwards(draft, (1,), compiled=True, deadline=deadline).get(1)
+    del draft
+    missing = [n for n in EAGER_WIDTHS if n not in costs.eager]
+    missing += [n for n in compiled_widths if n not in costs.compiled]
+    if missing or costs.draft_eager is None:
+        costs.notes.append("the deadline stopped some measurements: blank cells were not measured")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return costs
+
+
+def _curve(times: dict[int, float], compiled: bool) -> Callable[[int], float] | None:
+    """V(n) from measured points: a compiled forward is fed the bucketed width; otherwise linear between the
+    measured widths (the last segment extended). `None` when a needed point is missing."""
+    if 1 not in times:
+        return None
+    points = sorted(times.items())
+
+    def curve(n: int) -> float:
+        n = bucket(n) if compiled else n
+        if n in times:
+            return times[n]
+        if compiled:
+            raise KeyError(n)
+        below = [p for p in points if p[0] <= n][-1]
+        above = next((p for p in points if p[0] > n), None)
+        if above is None:  # extend the last segment
+            (n0, t0), (n1, t1) = points[-2] if len(points) > 1 else points[-1], points[-1]
+            return t1 if n1 == n0 else t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+        (n0, t0), (n1, t1) = below, above
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+
+    return curve
+
+
+def _family(method: str) -> str:
+    return method.rsplit("-", 1)[0]
+
+
+def predict(
+    costs: PairCosts, records: list[StepRecord], overhead: dict[str, Overhead], max_gamma: int = 8
+) -> list[Prediction]:
+    """Each recorded method's predicted speedup on this pair, eager and compiled; a draft-model chain at the
+    draft length that predicts best (from 1 to `max_gamma`)."""
+    plain = overhead["plain"]
+    plain_host = plain.host_ms_per_token * plain.tokens_per_step / 1e3
+    out = []
+    for record in records:
+        host_row = overhead.get(HOST_PATH.get(_family(record.method), ""))
+        host = plain_host if host_row is None else host_row.host_ms_per_token * host_row.tokens_per_step / 1e3
+        candidates = [record]
+        if record.method.startswith("draft-chain"):
+            candidates = [record.truncated(g) for g in range(1, max_gamma + 1)]
+        speedups: dict[str, tuple[float | None, StepRecord | None]] = {}
+        for mode, times, draft in (
+            ("eager", costs.eager, costs.draft_eager),
+            ("compiled", costs.compiled, costs.draft_compiled),
+        ):
+            curve = _curve(times, mode == "compiled")
+            best: tuple[float | None, StepRecord | None] = (None, None)
+            for candidate in candidates:
+                needs_draft = candidate.draft_forwards > 0
+                if curve is None or (needs_draft and draft is None):
+                    continue
+                try:
+                    value = candidate.predicted_speedup(curve, draft or 0.0, host, plain_host)
+                except (KeyError, IndexError):
+                    continue  # a width this mode did not measure
+                if best[0] is None or value > best[0]:
+                    best = (value, candidate)
+            speedups[mode] = best
+        chosen = speedups["eager"][1] or record
+        out.append(
+            Prediction(
+                f"{costs.target} / {costs.draft}",
+                chosen.method,
+                chosen.tau,
+                speedups["eager"][0],
+                speedups["compiled"][0],
+            )
+        )
+    return out
+
+
+def run_device_check(
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    pairs: tuple[tuple[str, str], ...] | None = None,
+    compiled_widths: tuple[int, ...] = COMPILED_WIDTHS,
+    budget_seconds: float = 240.0,
+    tiny: bool = False,
+) -> dict[str, Any]:
+    """Measure and predict (see the module's docstring); returns everything `format_device_check` prints."""
+    from hf_specdec.bench.real_sizes import PAIRS
+
+    torch_device = torch.device(device)
+    start = time.perf_counter()
+    deadline = start + budget_seconds
+    setting, records = load_record()
+    overhead_rows = measure_overhead(
+        ["assistant-constant", "assistant", "lookup", "tree-8"], new_tokens=64, repeats=3, device=torch_device
+    )
+    overhead = {row.path: row for row in overhead_rows}
+    measured, predictions = [], []
+    for target, draft in pairs or PAIRS:
+        costs = measure_pair(target, draft, torch_device, dtype, deadline, compiled_widths, tiny)
+        measured.append(costs)
+        predictions.extend(predict(costs, records, overhead))
+    return {
+        "device": _device_name(torch_device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "tiny": tiny,
+        "seconds": time.perf_counter() - start,
+        "versions": f"torch {torch.__version__}",
+        "record": setting,
+        "overhead": [asdict(row) for row in overhead_rows],
+        "pairs": [asdict(costs) for costs in measured],
+        "predictions": [asdict(p) for p in predictions],
+    }
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return str(device)
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value * 1e3:.2f}"
+
+
+def _x(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def format_device_check(result: dict[str, Any]) -> str:
+    """The markdown tables of a device check (blank cells: not measured before the deadline)."""
+    lines = [
+        f"Device: {result['device']}, {result['dtype']}{' (tiny models)' if result['tiny'] else ''}; "
+        f"{result['versions']}; {result['seconds']:.0f} s",
+        "",
+        "Verification cost V(n), ms per forward of n new tokens after 256 cached (eager | compiled):",
+        "",
+    ]
+    widths = sorted({int(n) for p in result["pairs"] for n in [*p["eager"], *p["compiled"]]})
+    lines.append("| target | " + " | ".join(f"n={n}" for n in widths) + " |")
+    lines.append("|---|" + "---|" * len(widths))
+    for pair in result["pairs"]:
+        cells = [f"{_ms(pair['eager'].get(n))} \\| {_ms(pair['compiled'].get(n))}" for n in widths]
+        lines.append(f"| {pair['target']} | " + " | ".join(cells) + " |")
+    lines += ["", "| draft | ms per token, eager | compiled | cost ratio c, eager | compiled |"]
+    lines.append("|---|---|---|---|---|")
+    for pair in result["pairs"]:
+        ratios = [
+            _x(d / t[1]).rstrip("x") if d is not None and 1 in t else ""
+            for d, t in ((pair["draft_eager"], pair["eager"]), (pair["draft_compiled"], pair["compiled"]))
+        ]
+        lines.append(
+            f"| {pair['draft']} | {_ms(pair['draft_eager'])} | {_ms(pair['draft_compiled'])} | {ratios[0]} | "
+            f"{ratios[1]} |"
+        )
+    lines += ["", "Host (tiny models on this device):", "", "| path | host ms per token | reads per step |"]
+    lines.append("|---|---|---|")
+    for row in result["overhead"]:
+        lines.append(f"| {row['path']} | {row['host_ms_per_token']:.3f} | {row['reads_per_step']:.2f} |")
+    record = result["record"]
+    lines += [
+        "",
+        f"Predicted speedup over plain decoding on this device (a prediction: acceptance recorded with "
+        f"{record['target']} / {record['draft']}, {record['prompts']}, {record['dtype']}):",
+        "",
+        "| pair | method | tau | eager | compiled |",
+        "|---|---|---|---|---|",
+    ]
+    for p in result["predictions"]:
+        lines.append(f"| {p['pair']} | {p['method']} | {p['tau']:.2f} | {_x(p['eager'])} | {_x(p['compiled'])} |")
+    notes = sorted({note for pair in result["pairs"] for note in pair["notes"]})
+    if notes:
+        lines += ["", *[f"Note: {note}." for note in notes]]
+    return "\n".join(lines)
