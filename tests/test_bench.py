@@ -54,6 +54,19 @@ def test_benchmark_runs_methods_and_checks_identity(batch_size: int, tmp_path) -
     assert all(f.exists() and f.stat().st_size > 0 for f in files)
 
 
+def test_a_compiled_benchmark_runs_every_method_static_and_compiled_and_keeps_identity() -> None:
+    """`--compile`: plain decoding and the speculative methods with a static cache and compiled forwards;
+    transformers' own assisted generation is skipped with the reason."""
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    methods = [METHODS["plain"], METHODS["hf-assistant"], METHODS["specdec"]]
+    torch._dynamo.reset()
+    result = run_benchmark(target, _tokenizer(), PROMPTS[:2], methods, draft=draft, max_new_tokens=8, compile=True)
+    summary = result.summary()
+    assert result.settings["compiled"] is True and "dynamic cache" in result.skipped["hf-assistant"]
+    assert summary["specdec"]["identical_to_plain"] == "2/2"
+    assert hasattr(target, "_compiled_call") and hasattr(draft, "_compiled_call")
+
+
 def test_first_method_must_be_plain() -> None:
     with pytest.raises(ValueError, match="plain"):
         run_benchmark(tiny_target("llama"), _tokenizer(), PROMPTS, [METHODS["specdec"]], draft=None)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from hf_specdec import MedusaConfig
 from hf_specdec.bench import cli as bench_cli
-from hf_specdec.bench import demo, prompts
+from hf_specdec.bench import demo, gpu_cli, prompts
 from hf_specdec.cli import main
 from hf_specdec.serving import cli as serving_cli
 from hf_specdec.zoo import ZOO
@@ -114,6 +114,13 @@ def _replace_heavy_work(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(demo, "run_demo", run_demo)
     monkeypatch.setattr(bench_cli, "run_bench", run_bench)
     monkeypatch.setattr(bench_cli, "run_overhead", run_overhead)
+
+    def run_gpu(args) -> int:
+        assert args.budget_seconds > 0 and args.device == "cpu" and 1 in (args.compiled_widths or (1,))
+        world.calls.append("gpu")
+        return 0
+
+    monkeypatch.setattr(gpu_cli, "run_gpu", run_gpu)
     monkeypatch.setattr(serving_cli, "run_export", run_export)
     monkeypatch.setattr(prompts, "sharegpt_v3_conversations", lambda: list(RECORDS))
 
@@ -144,6 +151,7 @@ def _specs(world: World) -> dict[str, dict]:
             "--dtype": DTYPES,
             "--device": (["cpu"], ["cuda:7", "toaster", "meta"]),
             "--cost-curve": None,
+            "--compile": None,
             "--seed": INTS,
             "--out": outputs,
         },
@@ -153,6 +161,19 @@ def _specs(world: World) -> dict[str, dict]:
             "--batch-size": INTS,
             "--repeats": INTS,
             "--seed": INTS,
+        },
+        "gpu": {
+            "--device": (["cpu"], ["cuda:7", "toaster", "meta", "mps"]),
+            "--dtype": DTYPES,
+            "--pairs": (
+                ["qwen2.5-1.5b:qwen2.5-0.5b", "llama-3.1-8b:llama-3.2-1b,qwen2.5-1.5b:qwen2.5-0.5b"],
+                ["qwen2.5-1.5b", "a:b", "", "qwen2.5-1.5b:qwen2.5-0.5b:x"],
+            ),
+            "--compiled-widths": (["1,4,8", "none", "1"], ["4,8", "5", "0,1", "abc", ""]),
+            "--budget-seconds": FLOATS,
+            "--tiny": None,
+            "--json": (["out.json", "deep/out.json"], [str(world.root / "a_dir"), *outputs[1]]),
+            "--tests": None,
         },
         "data": {
             "--n": INTS,
@@ -235,7 +256,7 @@ def _check_property(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None
         assert lines[0].startswith("hf-specdec"), f"{argv}: {lines[0]}"
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "overhead", "data", "simulate", "export"])
+@pytest.mark.parametrize("command", ["demo", "bench", "overhead", "gpu", "data", "simulate", "export"])
 def test_every_drawn_command_line_succeeds_or_fails_in_one_line(command: str, world: World, capsys) -> None:
     @FUZZ
     @given(data=st.data())

@@ -89,7 +89,7 @@ def test_a_static_cache_keeps_plain_greedy_on_every_path(arch: str, batch: int, 
 def test_a_static_cache_too_small_for_a_step_compacts_then_grows(path: str, monkeypatch) -> None:
     """A cache smaller than the sequences: when a step's nodes would overflow it, the holes (here the prompts'
     left padding) are squeezed out first, then it grows, and the output is still plain greedy's."""
-    monkeypatch.setattr(loop, "STATIC_HEADROOM", -NEW // 2)
+    monkeypatch.setattr(kv_cache, "STATIC_HEADROOM", -NEW // 2)
     recorder = _Recorder(monkeypatch)
     model, kwargs = _paths("llama")[path]
     ids, mask = ragged_batch(3, seed=7)
@@ -127,24 +127,29 @@ def test_caches_that_cannot_roll_back_exactly_are_refused(implementation: str) -
         )
 
 
-@pytest.mark.parametrize("path", ["assistant", "medusa"])
+@pytest.mark.parametrize("path", ["assistant", "tree", "medusa"])
 def test_a_compiled_target_keeps_plain_greedy_and_compiles_one_graph_per_width_bucket(path: str, monkeypatch) -> None:
     """A static cache with a `compile_config` that asks for every device (CPU included) runs the verification
-    forward compiled, as plain `generate()` compiles its steps. Over 256 new tokens the widths fed change from
-    step to step, padded to powers of two: the graphs compiled are at most one per width bucket used."""
-    widths: list[int] = []
-    bucket = kv_cache.bucket
+    forward compiled, as plain `generate()` compiles its steps, and a draft model's forwards too. Over 256 new
+    tokens the widths fed change from step to step, padded to a few buckets: the graphs compiled are at most one
+    per model and width bucket used."""
+    shapes: set[tuple[int, int]] = set()
+    compiled_calls = [0]
+    forward = kv_cache.CachedSequence.forward
 
-    def recorded(width: int) -> int:
-        widths.append(bucket(width))
-        return widths[-1]
+    def recorded(self: kv_cache.CachedSequence, input_ids: Any, new_valid: torch.Tensor, *args: Any, **kwargs: Any):
+        if self.compiled and self.num_slots:
+            shapes.add((id(self.model), kv_cache.bucket(new_valid.shape[1])))
+            compiled_calls[0] += 1
+        return forward(self, input_ids, new_valid, *args, **kwargs)
 
-    monkeypatch.setattr(kv_cache, "bucket", recorded)
+    monkeypatch.setattr(kv_cache.CachedSequence, "forward", recorded)
     model, kwargs = _paths("llama")[path]
     model = copy.deepcopy(model)
     compile_config = CompileConfig(fullgraph=True, mode="default")
     compile_config._compile_all_devices = True  # transformers compiles on accelerators only, unless told so
     ids, mask = ragged_batch(1, seed=11)
+    torch._dynamo.reset()  # graphs compiled for an earlier model of the same shapes would be reused
     counters.clear()
     out = model.generate(
         input_ids=ids,
@@ -157,9 +162,15 @@ def test_a_compiled_target_keeps_plain_greedy_and_compiles_one_graph_per_width_b
     )
     graphs = counters["stats"]["unique_graphs"]
     assert torch.equal(out, _plain(model, ids, mask, new=256))
-    assert len(widths) > 20  # the compiled forward ran at (almost) every step
-    assert 1 <= graphs <= len(set(widths)), (graphs, sorted(set(widths)))
+    assert compiled_calls[0] > 40  # the compiled forwards ran at (almost) every step
+    if path != "medusa":  # the draft model's forwards are compiled too
+        assert len({model_id for model_id, _ in shapes}) == 2
+    assert 1 <= graphs <= len(shapes), (graphs, sorted(shapes))
 
 
-def test_widths_are_bucketed_to_powers_of_two() -> None:
-    assert [kv_cache.bucket(w) for w in [1, 2, 3, 4, 5, 8, 9, 33, 64]] == [1, 2, 4, 4, 8, 8, 16, 64, 64]
+def test_widths_are_bucketed_to_powers_of_two_and_their_midpoints() -> None:
+    widths = range(1, 200)
+    buckets = [kv_cache.bucket(w) for w in widths]
+    assert sorted(set(buckets)) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    assert all(w <= b < 1.5 * w + 1 for w, b in zip(widths, buckets, strict=True))  # never pads by half or more
+    assert all(kv_cache.bucket(b) == b for b in buckets)

@@ -1,4 +1,4 @@
-"""The `hf-specdec` command line: `demo`, `bench`, `overhead`, `simulate`, `data` and `export`.
+"""The `hf-specdec` command line: `demo`, `bench`, `overhead`, `gpu`, `simulate`, `data` and `export`.
 
 Every subcommand refuses bad input before any work starts: argument types (below) refuse malformed and
 out-of-range values and paths that cannot be used, and each subcommand's check, run right after parsing, refuses
@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hf_specdec.bench import cli as bench
+from hf_specdec.bench import gpu_cli as gpu
 from hf_specdec.cli_args import (
     DTYPES,
     MODEL_HELP,
@@ -133,6 +134,7 @@ def build_parser() -> ArgumentParser:
         "demo": (_add_demo_parser, _check_demo, _run_demo),
         "bench": (bench.add_bench_parser, bench.check_bench_args, bench.run_bench),
         "overhead": (bench.add_overhead_parser, bench.check_overhead_args, bench.run_overhead),
+        "gpu": (gpu.add_gpu_parser, gpu.check_gpu_args, gpu.run_gpu),
         "data": (_add_data_parser, _check_data, _run_data),
         "simulate": (simulator.add_simulate_parser, simulator.check_simulate_args, simulator.run_simulate),
         "export": (serving.add_export_parser, serving.check_export_args, serving.run_export),

@@ -67,6 +67,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     bench.add_argument("--device", type=_device, default=default_device, help="cpu, cuda, cuda:N or mps")
     bench.add_argument("--cost-curve", action="store_true", help="also time target forwards over 1..64 tokens")
+    bench.add_argument(
+        "--compile",
+        action="store_true",
+        help="every method with a static cache and its forwards compiled (transformers' CompileConfig; on a CPU "
+        "without CUDA graphs); the warm-up compiles",
+    )
     bench.add_argument("--seed", type=random_seed, default=0, help="seed of the prompt sample and of sampling")
     bench.add_argument("--out", type=output_folder, default="bench_results", help="folder for results.json and plots")
 
@@ -162,6 +168,7 @@ def run_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         medusa=medusa,
         draft_vocab=draft_vocab,
+        compile=args.compile,
     )
     result.settings.update(
         target=args.target,

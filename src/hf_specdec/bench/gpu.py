@@ -5,7 +5,8 @@ On a device (typically a GPU lent for a few minutes, with no network), for each 
 
 - the target's verification cost V(n): one forward over n new tokens after a cached prefix, through the
   decoding loop's own cache and masks, eager and compiled (`cache_implementation="static"` with transformers'
-  `torch.compile` of the forward, fed the loop's bucketed widths);
+  `torch.compile` of the forward, at some of the bucketed widths the loop feeds it; a width between two
+  measured ones is priced at the wider);
 - the draft's forward over one token, and its cost ratio to the target's;
 - the host's time per step of each path and its reads per step (`overhead`, tiny models on the device).
 
@@ -26,11 +27,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from transformers import CompileConfig, GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.bench.acceptance_record import StepRecord, load_record
 from hf_specdec.bench.overhead import Overhead, measure_overhead
 from hf_specdec.bench.real_sizes import build_random
+from hf_specdec.bench.runner import compile_config_for
 from hf_specdec.generation.kv_cache import STATIC_HEADROOM, CachedSequence, bucket
 from hf_specdec.trees.masks import chain_structure
 
@@ -42,7 +44,7 @@ HOST_PATH = {
     "draft-lookup": "assistant",
 }
 EAGER_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
-COMPILED_WIDTHS = (1, 2, 4, 8, 16)
+COMPILED_WIDTHS = (1, 4, 8, 16, 24)
 
 
 @dataclass
@@ -72,15 +74,6 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def compile_config(device: torch.device) -> GenerationConfig:
-    """What plain `generate()` compiles with (transformers' default `CompileConfig`), told to compile on a CPU too."""
-    config = CompileConfig()
-    if device.type == "cpu":
-        config.mode = "default"  # CUDA graphs do not apply on a CPU
-        config._compile_all_devices = True
-    return GenerationConfig(compile_config=config)
-
-
 @torch.no_grad()
 def time_forwards(
     model: PreTrainedModel,
@@ -95,6 +88,8 @@ def time_forwards(
     decoding loop runs it; compiled: a static cache and the compiled forward (the first call per width, which
     compiles, is not timed)."""
     device = model.device
+    if compiled and any(bucket(n) != n for n in widths):
+        raise ValueError(f"Compiled widths are fed bucketed (1, 2, 3, 4, 6, 8, 12, ...): {widths} are not all buckets.")
     capacity = prefix + max(widths) + STATIC_HEADROOM if compiled else None
     seq = CachedSequence(model, 1, device, capacity=capacity)
     generator = torch.Generator().manual_seed(0)
@@ -103,7 +98,7 @@ def time_forwards(
     ones = torch.ones_like(ids, dtype=torch.bool)
     seq.forward(ids, ones, torch.arange(prefix, device=device)[None], chain_structure(prefix, device), logits_to_keep=1)
     if compiled:
-        seq.compile(compile_config(device))
+        seq.compile(GenerationConfig(compile_config=compile_config_for(device)))
     times: dict[int, float] = {}
     for n in widths:
         if time.perf_counter() > deadline:
@@ -125,58 +120,57 @@ def time_forwards(
 
 
 def measure_pair(
-    target_name: str,
-    draft_name: str,
+    costs: PairCosts,
     device: torch.device,
     dtype: torch.dtype,
     deadline: float,
-    compiled_widths: tuple[int, ...] = COMPILED_WIDTHS,
+    compiled_widths: tuple[int, ...] = (),
     tiny: bool = False,
-) -> PairCosts:
-    """A pair's forward times: the target eager over `EAGER_WIDTHS` and compiled over `compiled_widths`, the
-    draft over one token (eager and compiled)."""
-    costs = PairCosts(target_name, draft_name)
-    target = build_random(target_name, device, dtype, tiny)
-    costs.eager = time_forwards(target, EAGER_WIDTHS, compiled=False, deadline=deadline)
-    if compiled_widths:
-        costs.compiled = time_forwards(target, compiled_widths, compiled=True, deadline=deadline)
+) -> None:
+    """Fill in a pair's eager forward times (no `compiled_widths`: the target over `EAGER_WIDTHS`, the draft
+    over one token) or its compiled ones (the target over `compiled_widths`, the draft over one token)."""
+    compiled = bool(compiled_widths)
+    target = build_random(costs.target, device, dtype, tiny)
+    times = time_forwards(target, compiled_widths or EAGER_WIDTHS, compiled=compiled, deadline=deadline)
     del target
-    draft = build_random(draft_name, device, dtype, tiny)
-    costs.draft_eager = time_forwards(draft, (1,), compiled=False, deadline=deadline).get(1)
-    if compiled_widths:
-        costs.draft_compiled = time_forwards(draft, (1,), compiled=True, deadline=deadline).get(1)
+    draft = build_random(costs.draft, device, dtype, tiny)
+    draft_time = time_forwards(draft, (1,), compiled=compiled, deadline=deadline).get(1)
     del draft
-    missing = [n for n in EAGER_WIDTHS if n not in costs.eager]
-    missing += [n for n in compiled_widths if n not in costs.compiled]
-    if missing or costs.draft_eager is None:
+    if compiled:
+        costs.compiled, costs.draft_compiled = times, draft_time
+    else:
+        costs.eager, costs.draft_eager = times, draft_time
+    if len(times) < len(compiled_widths or EAGER_WIDTHS) or draft_time is None:
         costs.notes.append("the deadline stopped some measurements: blank cells were not measured")
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return costs
 
 
 def _curve(times: dict[int, float], compiled: bool) -> Callable[[int], float] | None:
-    """V(n) from measured points: a compiled forward is fed the bucketed width; otherwise linear between the
-    measured widths (the last segment extended). `None` when a needed point is missing."""
+    """V(n) from measured points, `None` without a one-token point. Compiled: the forward is fed the bucketed
+    width (`bucket`), priced at the narrowest measured width that holds it (an upper bound where that bucket
+    itself was not measured). Eager: linear between measured widths, the last segment extended."""
     if 1 not in times:
         return None
     points = sorted(times.items())
 
-    def curve(n: int) -> float:
-        n = bucket(n) if compiled else n
+    def compiled_curve(n: int) -> float:
+        wide_enough = [t for width, t in points if width >= bucket(n)]
+        if not wide_enough:
+            raise KeyError(n)
+        return wide_enough[0]
+
+    def eager_curve(n: int) -> float:
         if n in times:
             return times[n]
-        if compiled:
-            raise KeyError(n)
-        below = [p for p in points if p[0] <= n][-1]
         above = next((p for p in points if p[0] > n), None)
-        if above is None:  # extend the last segment
+        if above is None:  # past the last point: extend the last segment
             (n0, t0), (n1, t1) = points[-2] if len(points) > 1 else points[-1], points[-1]
             return t1 if n1 == n0 else t1 + (t1 - t0) * (n - n1) / (n1 - n0)
-        (n0, t0), (n1, t1) = below, above
+        (n0, t0), (n1, t1) = [p for p in points if p[0] < n][-1], above
         return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
 
-    return curve
+    return compiled_curve if compiled else eager_curve
 
 
 def _family(method: str) -> str:
@@ -247,11 +241,17 @@ def run_device_check(
         ["assistant-constant", "assistant", "lookup", "tree-8"], new_tokens=64, repeats=3, device=torch_device
     )
     overhead = {row.path: row for row in overhead_rows}
-    measured, predictions = [], []
-    for target, draft in pairs or PAIRS:
-        costs = measure_pair(target, draft, torch_device, dtype, deadline, compiled_widths, tiny)
-        measured.append(costs)
-        predictions.extend(predict(costs, records, overhead))
+    chosen = pairs or PAIRS
+    measured = [PairCosts(target, draft) for target, draft in chosen]
+    # Eager first (quick), then compiled (each width compiles once), the time left shared among the pairs.
+    eager_deadline = start + budget_seconds / 2
+    for costs in measured:
+        measure_pair(costs, torch_device, dtype, eager_deadline, tiny=tiny)
+    if compiled_widths:
+        for index, costs in enumerate(measured):
+            share = (deadline - time.perf_counter()) / (len(measured) - index)
+            measure_pair(costs, torch_device, dtype, time.perf_counter() + share, compiled_widths, tiny)
+    predictions = [p for costs in measured for p in predict(costs, records, overhead)]
     return {
         "device": _device_name(torch_device),
         "dtype": str(dtype).removeprefix("torch."),

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import CompileConfig, GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt, chat_inputs
@@ -113,6 +113,7 @@ def run_benchmark(
     seed: int = 0,
     medusa: Any = None,
     draft_vocab: torch.Tensor | None = None,
+    compile: bool = False,
 ) -> BenchmarkResult:
     """Run every method on every batch of prompts, in an order that rotates from batch to batch.
 
@@ -120,6 +121,9 @@ def run_benchmark(
     `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods; `draft_vocab` the draft
     vocabulary of the methods that restrict their draft's (built from ShareGPT V3 when they run and it is `None`).
     The int8 draft of the `specdec-int8` methods is made from `draft` when they run (on a CPU only).
+    With `compile`, every method runs with `cache_implementation="static"` and a `compile_config` (transformers'
+    default; on a CPU told to compile there, without CUDA graphs), plain decoding included; the warm-up then
+    generates whole lengths, so that compiling happens before anything is timed.
     """
     if not methods or methods[0].uses != "plain":
         raise ValueError("The first method must be plain generate(): the others are measured against it.")
@@ -129,6 +133,8 @@ def run_benchmark(
     runnable = []
     for method in methods:
         reason = method.skip_reason(batch_size, draft is not None, medusa is not None)
+        if reason is None and compile and method.uses.startswith("hf-"):
+            reason = "--compile: transformers' assisted generation and prompt lookup keep a dynamic cache"
         if reason is None and method.needs_int8_draft and draft is not None and draft.device.type != "cpu":
             reason = "the int8 draft (torch's dynamic quantisation) runs on CPUs only"
         if reason is None:
@@ -148,12 +154,16 @@ def run_benchmark(
         draft_int8 = int8_draft(draft)
     eos = eos_token_ids(target)
     generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
+    warm_tokens = 4
+    if compile:
+        generate_kwargs.update(cache_implementation="static", compile_config=compile_config_for(target.device))
+        warm_tokens = max_new_tokens
+        result.settings["compiled"] = True
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     warm = chat_inputs(tokenizer, [p.text for p in batches[0]])
     for method in runnable:  # warm-up: first calls pay for allocations and lazy initialisation
-        _run_method(
-            method, target, draft, warm, {**generate_kwargs, "max_new_tokens": 4}, medusa, draft_vocab, draft_int8
-        )
+        warm_kwargs = {**generate_kwargs, "max_new_tokens": warm_tokens}
+        _run_method(method, target, draft, warm, warm_kwargs, medusa, draft_vocab, draft_int8)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
@@ -180,3 +190,12 @@ def run_benchmark(
                 sample.matches_plain, sample.divergences = compare_to_plain(target, plain, sequences, inputs, lengths)
             result.samples.append(sample)
     return result
+
+
+def compile_config_for(device: torch.device) -> CompileConfig:
+    """transformers' default `CompileConfig`; on a CPU without CUDA graphs and told to compile there."""
+    config = CompileConfig()
+    if device.type != "cuda":
+        config.mode = "default"
+        config._compile_all_devices = True
+    return config

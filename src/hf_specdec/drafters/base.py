@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.processing import RaggedLogitsProcessor
@@ -100,6 +100,8 @@ class DraftingContext:
             object every `propose` receives).
         reads (`HostReads`, *optional*): the loop's one read per step, which values a drafter's host needs a
             step later can join (`HostReads.later`).
+        generation_config (`GenerationConfig`, *optional*): the call's; a draft model keeps a static cache and
+            runs compiled where it asks the target to (`cache_implementation`, `compile_config`).
     """
 
     target: PreTrainedModel
@@ -109,6 +111,7 @@ class DraftingContext:
     vocab_size: int
     costs: DraftLengthPolicy
     reads: HostReads | None = None
+    generation_config: GenerationConfig | None = None
 
 
 class Drafter(Protocol):

@@ -100,6 +100,8 @@ def _drafter(
         return prompt_lookup
     common = (assistant, context.vocab_size, context.processors, context.do_sample, context.generator, assistant_vocab)
     if tree is not None:
-        return DraftTreeDrafter(*common, tree=tree, reads=context.reads)
-    drafter = DraftModelDrafter(*common, max_tokens=context.costs.max_tokens, reads=context.reads)
+        return DraftTreeDrafter(*common, tree=tree, reads=context.reads, generation_config=context.generation_config)
+    drafter = DraftModelDrafter(
+        *common, max_tokens=context.costs.max_tokens, reads=context.reads, generation_config=context.generation_config
+    )
     return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)

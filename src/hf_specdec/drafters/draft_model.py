@@ -13,13 +13,13 @@ import weakref
 import torch
 from torch import nn
 from torch.nn import functional
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
 from hf_specdec.generation.draft_length import DraftLengthPolicy
-from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.readback import HostReads, StepOutcome
@@ -42,6 +42,8 @@ class DraftModelDrafter(ChainDrafter):
             its distribution q is the softmax over them (zero elsewhere), which keeps sampling exact.
         max_tokens (`int`): the most tokens a step drafts (the length schedule's `max_tokens`).
         reads (`HostReads`, *optional*): the loop's one read per step, which the draft's cache bookkeeping joins.
+        generation_config (`GenerationConfig`, *optional*): the call's; with `cache_implementation="static"` the
+            draft keeps a static cache too, compiled where the target's forward is (`kv_cache.wants_compile`).
     """
 
     def __init__(
@@ -54,9 +56,11 @@ class DraftModelDrafter(ChainDrafter):
         token_ids: torch.Tensor | None = None,
         max_tokens: int = 16,
         reads: HostReads | None = None,
+        generation_config: GenerationConfig | None = None,
     ) -> None:
         self.model = model
         self.reads = reads
+        self.generation_config = generation_config
         self.max_depth = max_tokens
         self._policy: DraftLengthPolicy | None = None
         self.device = model.device
@@ -97,7 +101,9 @@ class DraftModelDrafter(ChainDrafter):
             return
         # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
         runner = self.model if self.token_ids is None else self.model.get_decoder()
-        self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads)
+        config = self.generation_config
+        capacity = static_capacity(config) if config is not None else None
+        self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads, capacity=capacity)
         self.seq.forward(
             self._embeddable(input_ids.to(self.device)),
             valid.to(self.device),
@@ -105,6 +111,9 @@ class DraftModelDrafter(ChainDrafter):
             chain_structure(input_ids.shape[1], self.device),
             logits_to_keep=1,
         )
+        compiles = capacity is not None and isinstance(runner, PreTrainedModel)
+        if compiles and wants_compile(runner, self.seq.cache, config):
+            self.seq.compile(config)  # as the target's forward is: the draft's many small forwards gain the most
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         """Record the target's first generated token `(batch,)` as pending."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.drafters.base import Accepted, Proposal, chain_proposal
 from hf_specdec.drafters.draft_model import DraftModelDrafter
@@ -75,11 +75,20 @@ class DraftTreeDrafter(DraftModelDrafter):
         *,
         tree: DynamicTree,
         reads: HostReads | None = None,
+        generation_config: GenerationConfig | None = None,
     ) -> None:
         if tree.depth is None:
             raise ValueError("DraftTreeDrafter needs a DynamicTree with a depth (see `draft_tree_spec`).")
         super().__init__(
-            model, target_vocab_size, processors, do_sample, generator, token_ids, max_tokens=tree.depth, reads=reads
+            model,
+            target_vocab_size,
+            processors,
+            do_sample,
+            generator,
+            token_ids,
+            max_tokens=tree.depth,
+            reads=reads,
+            generation_config=generation_config,
         )
         self.tree = tree
         self._fed_pool: torch.Tensor | None = None  # (A, F) pool index of every tree node fed this step

@@ -11,7 +11,7 @@ When holes take up too much of the cache, `compact` squeezes them out in one gat
 
 With `cache_implementation="static"` the slots live in preallocated tensors (transformers' `StaticLayer`), every
 forward sees all of them under a mask of fixed width, and a compiled forward (`compile`) pads the tokens it is fed
-to a few bucketed widths, so that `torch.compile` (and CUDA graphs) see a bounded set of shapes.
+to a few bucketed widths (`bucket`), so that `torch.compile` (and CUDA graphs) see a bounded set of shapes.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ MIN_WASTE = 32
 # A static cache holds `max_length` slots plus this many, so that a step's drafted nodes fit beside a full
 # sequence without a compaction; a wider forward grows it (and recompiles a compiled forward once).
 STATIC_HEADROOM = 64
+# Graphs `torch.compile` may keep per code object while the loop runs compiled: a target's and a draft's width
+# buckets (about 2 * log2(widest) each), plain decoding's, and those of other models of the same class.
+RECOMPILE_LIMIT = 64
 # transformers' names for a cache of preallocated, fixed-size tensors (the deprecated ones included: the layer
 # structure is the model's either way, and here every layer keeps every slot, see `CachedSequence`).
 STATIC_CACHE_IMPLEMENTATIONS = (
@@ -47,9 +50,22 @@ STATIC_CACHE_IMPLEMENTATIONS = (
 
 
 def bucket(width: int) -> int:
-    """The width a compiled forward is fed for `width` new tokens: the next power of two, so that a generation
-    compiles at most `log2(widest) + 1` shapes."""
-    return 1 << max(width - 1, 0).bit_length()
+    """The width a compiled forward is fed for `width` new tokens: the next of 1, 2, 3, 4, 6, 8, 12, 16, 24, ...
+    (powers of two and their midpoints), so that a generation compiles at most about `2 * log2(widest)` shapes
+    and pads a forward by less than half."""
+    if width <= 2:
+        return max(width, 1)
+    power = 1 << (width - 1).bit_length()  # the next power of two
+    return power * 3 // 4 if width <= power * 3 // 4 else power
+
+
+def static_capacity(generation_config: GenerationConfig) -> int | None:
+    """Slots of a static cache for this call (`cache_implementation="static"`), `None` for a dynamic cache: the
+    longest sequence plus room for a step's drafted nodes, or `max_cache_len` when that is more (as in plain
+    `generate()`, a size that later calls can share)."""
+    if generation_config.cache_implementation not in STATIC_CACHE_IMPLEMENTATIONS:
+        return None
+    return max(generation_config.max_length + STATIC_HEADROOM, generation_config.max_cache_len or 0)
 
 
 def wants_compile(model: PreTrainedModel, cache: Cache, generation_config: GenerationConfig) -> bool:
@@ -154,6 +170,10 @@ class CachedSequence:
         a growing cache would change shapes at every step."""
         if self.capacity is None:
             raise ValueError("Only a static cache can be compiled: pass cache_implementation='static'.")
+        # Every model and width bucket compiles a graph of one code object (the models' `__call__`): torch's default
+        # limit of 8 per code object would send the rest back to eager without a word.
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self._call = self.model.get_compiled_call(generation_config.compile_config)
         self.compiled = True
 

@@ -28,12 +28,7 @@ from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_t
 from hf_specdec.generation.cost_model import SpeculationGate
 from hf_specdec.generation.draft_length import DraftLengthPolicy
 from hf_specdec.generation.inputs import check_prompts
-from hf_specdec.generation.kv_cache import (
-    STATIC_CACHE_IMPLEMENTATIONS,
-    STATIC_HEADROOM,
-    CachedSequence,
-    wants_compile,
-)
+from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.generation.positions import check_position_limits
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
@@ -49,15 +44,6 @@ ACCEPTANCE = ("exact", "typical")
 def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Logical positions `(batch, prompt)` of left-padded prompt tokens, as plain `generate()` computes them."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)
-
-
-def static_capacity(generation_config: GenerationConfig) -> int | None:
-    """Slots of the target's static cache (`cache_implementation="static"`), `None` for a dynamic cache: the
-    longest sequence plus room for a step's drafted nodes, or `max_cache_len` when that is more (as in plain
-    `generate()`, a size that later calls can share)."""
-    if generation_config.cache_implementation not in STATIC_CACHE_IMPLEMENTATIONS:
-        return None
-    return max(generation_config.max_length + STATIC_HEADROOM, generation_config.max_cache_len or 0)
 
 
 def choose_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
@@ -134,7 +120,9 @@ def decode(
     reads = HostReads()  # the host's one read per step (see `readback`)
     capacity = static_capacity(generation_config)
     target = CachedSequence(model, input_ids.shape[0], device, reads, capacity=capacity)
-    context = DraftingContext(model, processors, do_sample, generator, output_vocab_size(model), costs, reads)
+    context = DraftingContext(
+        model, processors, do_sample, generator, output_vocab_size(model), costs, reads, generation_config
+    )
     drafter = make_drafter(context)
     cost_model = costs.cost_model
     gate = SpeculationGate(cost_model, enabled=plain_steps)
