@@ -26,7 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.generation.positions import slot_indexed_mask_size
 from hf_specdec.generation.readback import HostReads
-from hf_specdec.trees.masks import to_additive, visibility
+from hf_specdec.trees.masks import additive_mask, to_additive, visibility
 
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
@@ -155,6 +155,7 @@ class CachedSequence:
         self.capacity = capacity
         self.cache: Cache = DynamicCache() if capacity is None else _static_cache(capacity)
         self._call = model  # the forward of steps after the first: the model, or its compiled call
+        self._dtype = model.dtype  # of the masks (`model.dtype` looks through the parameters at every call)
         self.compiled = False
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
@@ -184,11 +185,12 @@ class CachedSequence:
         structure: torch.Tensor,
         recent: torch.Tensor | None = None,
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        dtype = self.model.dtype
+        dtype = self._dtype
+        kv_length = self.capacity  # a static cache's forward attends over all its slots
+        if self.layout.sliding_window is None:
+            return additive_mask(self.valid, new_valid, structure, dtype, recent, kv_length)
         key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
         full = self._all_slots(visibility(self.valid, new_valid, structure, recent=recent))  # (B, q, P+q)
-        if self.layout.sliding_window is None:
-            return to_additive(full, dtype)
         window = visibility(
             self.valid, new_valid, structure, key_positions, new_positions, self.layout.sliding_window, recent
         )

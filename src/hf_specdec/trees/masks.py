@@ -70,6 +70,42 @@ def to_additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask[:, None]  # (B, 1, q, kv)
 
 
+def additive_mask(
+    past_valid: torch.Tensor,
+    new_valid: torch.Tensor,
+    structure: torch.Tensor,
+    dtype: torch.dtype,
+    recent: torch.Tensor | None = None,
+    kv_length: int | None = None,
+) -> torch.Tensor:
+    """`to_additive(visibility(past_valid, new_valid, structure, recent=recent), dtype)` without a sliding window,
+    written straight into the mask (a handful of operations: this runs before every forward of every model).
+
+    Args:
+        past_valid, new_valid, structure, recent: as for `visibility`.
+        dtype (`torch.dtype`): the mask's.
+        kv_length (`int`, *optional*): keys the attention sees, `past + q` or more (a static cache's slots); the
+            keys past the new tokens are hidden.
+
+    Returns:
+        `torch.Tensor` of shape `(batch, 1, q, kv_length)`: 0 where visible, the dtype's minimum elsewhere.
+    """
+    batch, q = new_valid.shape
+    past = past_valid.shape[1]
+    kv_length = past + q if kv_length is None else kv_length
+    mask = torch.full((batch, 1, q, kv_length), torch.finfo(dtype).min, dtype=dtype, device=new_valid.device)
+    seen_past = past_valid[:, None, None, :]  # (B, 1, 1, P)
+    if recent is not None and recent.shape[-1]:
+        older = past - recent.shape[-1]
+        mask[..., :older].masked_fill_(seen_past[..., :older], 0.0)
+        mask[..., older:past].masked_fill_(seen_past[..., older:] & recent[:, None], 0.0)
+    else:
+        mask[..., :past].masked_fill_(seen_past, 0.0)
+    seen_new = (structure & new_valid[:, None, :]) | torch.eye(q, dtype=torch.bool, device=new_valid.device)
+    mask[..., past : past + q].masked_fill_(seen_new[:, None] if seen_new.dim() == 3 else seen_new, 0.0)
+    return mask
+
+
 def chain_structure(q: int, device: torch.device) -> torch.Tensor:
     """The `(q, q)` ancestor matrix of a chain: token i sees tokens 0..i."""
     return torch.ones(q, q, dtype=torch.bool, device=device).tril()
