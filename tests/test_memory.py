@@ -342,11 +342,21 @@ class Footprint(NamedTuple):
     models: str  # digest of the models' attributes, hooks, buffers, containers and configs
 
 
+def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """A tensor's storage as (address, bytes); `None` for the fake tensors `torch.compile` keeps for the graphs it
+    compiled (earlier tests compile), which hold no memory."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except RuntimeError:
+        return None
+
+
 def _footprint(models: Models) -> Footprint:
     gc.collect()
     objects = [o for o in gc.get_objects() if type(o) is not Footprint]  # not the footprints being compared
     tensors = [o for o in objects if issubclass(type(o), torch.Tensor)]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if not t.is_meta}
+    storages = dict(filter(None, (_storage(t) for t in tensors if not t.is_meta)))
     leftovers = " ".join(sorted(type(o).__name__ for o in objects if issubclass(type(o), PER_CALL)))
     roots: list[nn.Module] = [models.target, models.draft, *models.medusa.values()]
     state: list[Any] = [_module_state(m) for m in roots]

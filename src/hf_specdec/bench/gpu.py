@@ -209,16 +209,12 @@ def predict(
                 if best[0] is None or value > best[0]:
                     best = (value, candidate)
             speedups[mode] = best
-        chosen = speedups["eager"][1] or record
-        out.append(
-            Prediction(
-                f"{costs.target} / {costs.draft}",
-                chosen.method,
-                chosen.tau,
-                speedups["eager"][0],
-                speedups["compiled"][0],
-            )
-        )
+        chosen, compiled = speedups["eager"][1] or record, speedups["compiled"][1]
+        name = chosen.method
+        if compiled is not None and compiled.method != chosen.method:  # another draft length pays when compiled
+            name += f" (compiled: {compiled.method}, tau {compiled.tau:.2f})"
+        pair = f"{costs.target} / {costs.draft}"
+        out.append(Prediction(pair, name, chosen.tau, speedups["eager"][0], speedups["compiled"][0]))
     return out
 
 
