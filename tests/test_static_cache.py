@@ -90,6 +90,7 @@ def test_a_static_cache_too_small_for_a_step_compacts_then_grows(path: str, monk
     """A cache smaller than the sequences: when a step's nodes would overflow it, the holes (here the prompts'
     left padding) are squeezed out first, then it grows, and the output is still plain greedy's."""
     monkeypatch.setattr(kv_cache, "STATIC_HEADROOM", -NEW // 2)
+    monkeypatch.setattr(kv_cache, "STATIC_ROUNDING", 1)
     recorder = _Recorder(monkeypatch)
     model, kwargs = _paths("llama")[path]
     ids, mask = ragged_batch(3, seed=7)
@@ -115,6 +116,26 @@ def test_the_models_own_generation_config_asking_for_a_static_cache_is_honoured(
     model.generation_config.cache_implementation = None
     assert torch.equal(out, _plain(model, ids, mask))
     assert recorder.capacities == [200]  # `max_cache_len`, when larger than what this call needs
+
+
+def test_calls_with_other_prompts_share_one_cache_size(monkeypatch) -> None:
+    """A compiled forward sees the cache's size: a model's later calls keep the size of its largest so far
+    (rounded up), as plain `generate()` keeps its static cache's, so that they compile nothing more."""
+    recorder = _Recorder(monkeypatch)
+    model, kwargs = _paths("llama")["assistant"]
+    for batch, new in [(1, 100), (2, 10), (1, 30)]:
+        ids, mask = ragged_batch(batch, seed=batch)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            do_sample=False,
+            cache_implementation="static",
+            **kwargs,
+        )
+        assert torch.equal(out, _plain(model, ids, mask, new=new))
+    target_capacities = recorder.capacities  # the target's caches (the draft's are made by the drafter)
+    assert target_capacities == [256, 256, 256]  # 10 + 100 + 64 slots, rounded up to a multiple of 128
 
 
 @pytest.mark.parametrize("implementation", ["offloaded", "offloaded_static"])

@@ -102,7 +102,7 @@ class DraftModelDrafter(ChainDrafter):
         # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
         runner = self.model if self.token_ids is None else self.model.get_decoder()
         config = self.generation_config
-        capacity = static_capacity(config) if config is not None else None
+        capacity = static_capacity(config, runner) if config is not None else None
         self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads, capacity=capacity)
         self.seq.forward(
             self._embeddable(input_ids.to(self.device)),

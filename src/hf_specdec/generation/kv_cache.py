@@ -39,6 +39,10 @@ STATIC_HEADROOM = 64
 # Graphs `torch.compile` may keep per code object while the loop runs compiled: a target's and a draft's width
 # buckets (about 2 * log2(widest) each), plain decoding's, and those of other models of the same class.
 RECOMPILE_LIMIT = 64
+# Static caches are sized in multiples of this many slots (fewer sizes: fewer compiled graphs across calls).
+STATIC_ROUNDING = 128
+# Where a model remembers the size of its last static cache (see `static_capacity`).
+_CAPACITY_ATTRIBUTE = "_hf_specdec_static_capacity"
 # transformers' names for a cache of preallocated, fixed-size tensors (the deprecated ones included: the layer
 # structure is the model's either way, and here every layer keeps every slot, see `CachedSequence`).
 STATIC_CACHE_IMPLEMENTATIONS = (
@@ -59,13 +63,20 @@ def bucket(width: int) -> int:
     return power * 3 // 4 if width <= power * 3 // 4 else power
 
 
-def static_capacity(generation_config: GenerationConfig) -> int | None:
-    """Slots of a static cache for this call (`cache_implementation="static"`), `None` for a dynamic cache: the
-    longest sequence plus room for a step's drafted nodes, or `max_cache_len` when that is more (as in plain
-    `generate()`, a size that later calls can share)."""
+def static_capacity(generation_config: GenerationConfig, model: torch.nn.Module) -> int | None:
+    """Slots of `model`'s static cache for this call (`cache_implementation="static"`), `None` for a dynamic cache.
+
+    The longest sequence plus room for a step's drafted nodes, rounded up to a multiple of `STATIC_ROUNDING`, or
+    `max_cache_len` when that is more; and never less than the model's previous call used: a compiled forward
+    sees the cache's size in its mask, so calls whose prompts differ share one size and compile nothing more
+    (plain `generate()` keeps its static cache's size across calls the same way)."""
     if generation_config.cache_implementation not in STATIC_CACHE_IMPLEMENTATIONS:
         return None
-    return max(generation_config.max_length + STATIC_HEADROOM, generation_config.max_cache_len or 0)
+    needed = generation_config.max_length + STATIC_HEADROOM
+    needed = max(-(-needed // STATIC_ROUNDING) * STATIC_ROUNDING, generation_config.max_cache_len or 0)
+    capacity = max(needed, getattr(model, _CAPACITY_ATTRIBUTE, 0))
+    setattr(model, _CAPACITY_ATTRIBUTE, capacity)
+    return capacity
 
 
 def wants_compile(model: PreTrainedModel, cache: Cache, generation_config: GenerationConfig) -> bool:

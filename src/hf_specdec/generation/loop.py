@@ -118,7 +118,7 @@ def decode(
     # Prefill the target (and the drafter) on the prompts; the target's last logits give the first token.
     valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
     reads = HostReads()  # the host's one read per step (see `readback`)
-    capacity = static_capacity(generation_config)
+    capacity = static_capacity(generation_config, model)
     target = CachedSequence(model, input_ids.shape[0], device, reads, capacity=capacity)
     context = DraftingContext(
         model, processors, do_sample, generator, output_vocab_size(model), costs, reads, generation_config
