@@ -13,6 +13,7 @@ from transformers import CompileConfig, GenerationMixin, PreTrainedModel, PreTra
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt, chat_inputs
 from hf_specdec.bench.report import BenchmarkResult, Sample
+from hf_specdec.generation.kv_cache import STATIC_HEADROOM, STATIC_ROUNDING
 from hf_specdec.generation.validation import eos_token_ids
 
 # A bf16 forward over several tokens rounds differently from one over a single token; a divergence from
@@ -123,7 +124,7 @@ def run_benchmark(
     The int8 draft of the `specdec-int8` methods is made from `draft` when they run (on a CPU only).
     With `compile`, every method runs with `cache_implementation="static"` and a `compile_config` (transformers'
     default; on a CPU told to compile there, without CUDA graphs), plain decoding included; the warm-up then
-    generates whole lengths, so that compiling happens before anything is timed.
+    runs every batch at its whole length, so that compiling happens before anything is timed.
     """
     if not methods or methods[0].uses != "plain":
         raise ValueError("The first method must be plain generate(): the others are measured against it.")
@@ -155,15 +156,23 @@ def run_benchmark(
     eos = eos_token_ids(target)
     generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
     warm_tokens = 4
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     if compile:
-        generate_kwargs.update(cache_implementation="static", compile_config=compile_config_for(target.device))
+        # One cache size for every call, plain's and the methods' alike: a compiled forward recompiles for another.
+        longest = max(chat_inputs(tokenizer, [p.text for p in batch])["input_ids"].shape[1] for batch in batches)
+        cache_len = -(-(longest + max_new_tokens + STATIC_HEADROOM) // STATIC_ROUNDING) * STATIC_ROUNDING
+        generate_kwargs.update(
+            cache_implementation="static", compile_config=compile_config_for(target.device), max_cache_len=cache_len
+        )
         warm_tokens = max_new_tokens
         result.settings["compiled"] = True
-    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    warm = chat_inputs(tokenizer, [p.text for p in batches[0]])
-    for method in runnable:  # warm-up: first calls pay for allocations and lazy initialisation
-        warm_kwargs = {**generate_kwargs, "max_new_tokens": warm_tokens}
-        _run_method(method, target, draft, warm, warm_kwargs, medusa, draft_vocab, draft_int8)
+    # Warm-up: first calls pay for allocations and lazy initialisation; compiled, every batch is run once first,
+    # so that every width a method feeds is compiled before anything is timed.
+    for batch in batches if compile else batches[:1]:
+        warm = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
+        for method in runnable:
+            warm_kwargs = {**generate_kwargs, "max_new_tokens": warm_tokens}
+            _run_method(method, target, draft, warm, warm_kwargs, medusa, draft_vocab, draft_int8)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
