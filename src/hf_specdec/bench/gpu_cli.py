@@ -29,8 +29,14 @@ def add_gpu_parser(subparsers: argparse._SubParsersAction) -> None:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu.add_argument("--device", type=_device, default=default_device, help="cuda, cuda:N or cpu")
     gpu.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="model dtype")
+    from hf_specdec.bench.real_sizes import PAIRS, REAL_SIZES
+
     gpu.add_argument(
-        "--pairs", type=_pairs, default=None, help="comma-separated target:draft size names (default: all pairs)"
+        "--pairs",
+        type=_pairs,
+        default=None,
+        help=f"comma-separated target:draft, of {sorted(REAL_SIZES)} (default: "
+        f"{','.join(f'{t}:{d}' for t, d in PAIRS)})",
     )
     gpu.add_argument(
         "--compiled-widths",
