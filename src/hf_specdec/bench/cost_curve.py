@@ -32,16 +32,17 @@ def verify_cost_curve(
         tokens = torch.randint(0, vocab, (batch_size, n), generator=generator).to(model.device)
         times = []
         for _ in range(repeats):
-            _synchronize(model.device)
+            synchronize(model.device)
             start = time.perf_counter()
             model(input_ids=tokens, cache=cache, use_cache=True)
-            _synchronize(model.device)
+            synchronize(model.device)
             times.append(time.perf_counter() - start)
             cache.crop(-n)
         curve[n] = statistics.median(times)
     return curve
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA), so that a wall-clock reading includes it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -30,10 +30,12 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.bench.acceptance_record import StepRecord, load_record
+from hf_specdec.bench.cost_curve import synchronize
 from hf_specdec.bench.overhead import Overhead, measure_overhead
 from hf_specdec.bench.real_sizes import build_random
 from hf_specdec.bench.runner import compile_config_for
 from hf_specdec.generation.kv_cache import STATIC_HEADROOM, CachedSequence, bucket
+from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.trees.masks import chain_structure
 
 # Which `overhead` path's host cost stands for each recorded method's.
@@ -67,11 +69,6 @@ class Prediction:
     tau: float
     eager: float | None
     compiled: float | None
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -108,10 +105,10 @@ def time_forwards(
         structure = chain_structure(n, device)
         samples = []
         for repeat in range(repeats + 1):
-            _synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             seq.forward(*args, structure)
-            _synchronize(device)
+            synchronize(device)
             if repeat:  # the first: warm-up (and compilation)
                 samples.append(time.perf_counter() - start)
             seq.keep_prefix(n, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
@@ -149,7 +146,8 @@ def measure_pair(
 def _curve(times: dict[int, float], compiled: bool) -> Callable[[int], float] | None:
     """V(n) from measured points, `None` without a one-token point. Compiled: the forward is fed the bucketed
     width (`bucket`), priced at the narrowest measured width that holds it (an upper bound where that bucket
-    itself was not measured). Eager: linear between measured widths, the last segment extended."""
+    itself was not measured). Eager: the simulator's `CostCurve` (linear between measured widths, the last
+    segment extended, never downwards)."""
     if 1 not in times:
         return None
     points = sorted(times.items())
@@ -160,17 +158,7 @@ def _curve(times: dict[int, float], compiled: bool) -> Callable[[int], float] | 
             raise KeyError(n)
         return wide_enough[0]
 
-    def eager_curve(n: int) -> float:
-        if n in times:
-            return times[n]
-        above = next((p for p in points if p[0] > n), None)
-        if above is None:  # past the last point: extend the last segment
-            (n0, t0), (n1, t1) = points[-2] if len(points) > 1 else points[-1], points[-1]
-            return t1 if n1 == n0 else t1 + (t1 - t0) * (n - n1) / (n1 - n0)
-        (n0, t0), (n1, t1) = [p for p in points if p[0] < n][-1], above
-        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-
-    return compiled_curve if compiled else eager_curve
+    return compiled_curve if compiled else CostCurve.from_points(times, unit="s").time
 
 
 def _family(method: str) -> str:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from hf_specdec.bench.cost_curve import synchronize
 from hf_specdec.bench.host_reads import count_host_reads
 from hf_specdec.generation.cost_model import SpeculativeCosts
 from hf_specdec.generation.mixin import speculative
@@ -86,11 +87,6 @@ def tiny_llama(seed: int = 0) -> PreTrainedModel:
     return model
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextlib.contextmanager
 def forward_time(device: torch.device | None = None) -> Iterator[list[float]]:
     """Seconds spent inside outermost `nn.Module` calls while the block runs (`[total]`); on a GPU each call is
@@ -106,7 +102,7 @@ def forward_time(device: torch.device | None = None) -> Iterator[list[float]]:
         depth[0] -= 1
         if depth[0] == 0:
             if device is not None:
-                _synchronize(device)
+                synchronize(device)
             total[0] += time.perf_counter() - started[0]
 
     handles = [
@@ -155,7 +151,7 @@ def measure_overhead(
             with forward_time(base.device) as inside:
                 start = time.perf_counter()
                 out = call()
-                _synchronize(base.device)
+                synchronize(base.device)
                 wall = time.perf_counter() - start
             times.append((wall - inside[0]) / generated)
         with count_host_reads() as reads:

@@ -13,7 +13,7 @@ from transformers import CompileConfig, GenerationMixin, PreTrainedModel, PreTra
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt, chat_inputs
 from hf_specdec.bench.report import BenchmarkResult, Sample
-from hf_specdec.generation.kv_cache import STATIC_HEADROOM, STATIC_ROUNDING
+from hf_specdec.generation.kv_cache import static_slots
 from hf_specdec.generation.validation import eos_token_ids
 
 # A bf16 forward over several tokens rounds differently from one over a single token; a divergence from
@@ -160,7 +160,7 @@ def run_benchmark(
     if compile:
         # One cache size for every call, plain's and the methods' alike: a compiled forward recompiles for another.
         longest = max(chat_inputs(tokenizer, [p.text for p in batch])["input_ids"].shape[1] for batch in batches)
-        cache_len = -(-(longest + max_new_tokens + STATIC_HEADROOM) // STATIC_ROUNDING) * STATIC_ROUNDING
+        cache_len = static_slots(longest + max_new_tokens)
         generate_kwargs.update(
             cache_implementation="static", compile_config=compile_config_for(target.device), max_cache_len=cache_len
         )

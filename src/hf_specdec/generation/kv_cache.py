@@ -63,6 +63,12 @@ def bucket(width: int) -> int:
     return power * 3 // 4 if width <= power * 3 // 4 else power
 
 
+def static_slots(length: int) -> int:
+    """Slots of a static cache for sequences of `length` tokens: room for a step's drafted nodes beside them
+    (`STATIC_HEADROOM`), rounded up to a multiple of `STATIC_ROUNDING`."""
+    return -(-(length + STATIC_HEADROOM) // STATIC_ROUNDING) * STATIC_ROUNDING
+
+
 def static_capacity(generation_config: GenerationConfig, model: torch.nn.Module) -> int | None:
     """Slots of `model`'s static cache for this call (`cache_implementation="static"`), `None` for a dynamic cache.
 
@@ -72,8 +78,7 @@ def static_capacity(generation_config: GenerationConfig, model: torch.nn.Module)
     (plain `generate()` keeps its static cache's size across calls the same way)."""
     if generation_config.cache_implementation not in STATIC_CACHE_IMPLEMENTATIONS:
         return None
-    needed = generation_config.max_length + STATIC_HEADROOM
-    needed = max(-(-needed // STATIC_ROUNDING) * STATIC_ROUNDING, generation_config.max_cache_len or 0)
+    needed = max(static_slots(generation_config.max_length), generation_config.max_cache_len or 0)
     capacity = max(needed, getattr(model, _CAPACITY_ATTRIBUTE, 0))
     setattr(model, _CAPACITY_ATTRIBUTE, capacity)
     return capacity
