@@ -787,6 +787,8 @@ def draw_case(path: str, seed: str) -> Case:
         _draw_heads(rng, case)
     if rng.random() < 0.15:  # the speculative call only: plain decoding keeps its dynamic cache as the reference
         kw["cache_implementation"] = "static"
+    if path == "assistant_tree" and rng.random() < 0.3:  # drawn last: earlier draws stay what they were
+        _lookup_kwargs(rng, kw, schedule=False)
     return case
 
 

@@ -514,7 +514,6 @@ CASES: tuple[Case, ...] = (
     Case("softcapped-draft-vocab", ARGUMENTS, "`assistant_vocab=` with a draft that soft-caps its logits (Gemma 2)",
          DRAFT_PATHS, _draft(lambda models: models.shared(softcapped_draft), assistant_vocab=list(range(48)))),
     Case("tree-without-assistant", ARGUMENTS, "`tree=` without `assistant=`", ("lookup",), _call(tree=4)),
-    Case("tree-with-lookup", ARGUMENTS, "`tree=` with a draft model and prompt lookup", ("hybrid",), _call(tree=4)),
     Case("tree-name", ARGUMENTS, "a preset name as a draft model's `tree=`", ("tree",), _call(tree="medium")),
     Case("tree-of-no-nodes", ARGUMENTS, "a draft model's `tree=0`", ("tree",), _call(tree=0)),
     Case("num-tokens-with-tree", ARGUMENTS, "`num_assistant_tokens` with `tree=`", ("tree",),

@@ -8,8 +8,8 @@ import torch
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
-from hf_specdec.generation.cost_model import CostModel, SpeculationGate
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel, SpeculationGate
 from tests.tiny_models import ragged_batch, tiny_model
 
 
@@ -91,10 +91,12 @@ def test_one_more_draft_must_beat_the_rate_recent_steps_brought() -> None:
     """The threshold a drafted token's expected gain must reach is its cost times the tokens per plain step that
     recent speculative steps brought (at least 1: what a plain step brings), not the cost alone."""
     costs = CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05))
-    assert costs.rate == 1.0 and costs.draft_threshold(2) == pytest.approx(0.4)  # before any step: break-even
+    assert costs.rate == 1.0 and costs.threshold(2, draft_forwards=1) == pytest.approx(
+        0.4
+    )  # before any step: break-even
     costs.observe_step(gained=5.0, cost=2.5)
     assert costs.rate == pytest.approx(2.0)
-    assert costs.draft_threshold(2) == pytest.approx(0.8) and costs.verify_threshold(2) == pytest.approx(0.2)
+    assert costs.threshold(2, draft_forwards=1) == pytest.approx(0.8) and costs.threshold(2) == pytest.approx(0.2)
     costs.observe_step(gained=1.0, cost=2.0)  # running means, the newest step weighing 0.3
     assert costs.rate == pytest.approx((5.0 - 0.3 * 4.0) / (2.5 - 0.3 * 0.5))
     # Steps with nothing drafted (a lookup that found no match, the gate's plain steps) bring the rate back toward
@@ -113,14 +115,16 @@ def test_a_chain_stops_sooner_when_steps_already_bring_more_per_second() -> None
     more is expected to bring 0.8 ** (k + 1) tokens. At break-even drafting stops after 5 (0.8 ** 6 < 0.3); when
     recent steps brought 2 tokens per plain step, after 2 (0.8 ** 3 < 0.6)."""
 
+    costs = CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.0))
+
     def drafted(policy: DraftLengthPolicy) -> int:
         policy.start_step()
         confidence = torch.tensor([[0.8, 0.2]])
-        return next(k for k in range(1, 9) if policy.should_stop(confidence) or k == 8)
+        return next(k for k in range(1, 9) if policy.should_stop(confidence, costs) or k == 8)
 
-    policy = DraftLengthPolicy(num_tokens=8, costs=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.0))
+    policy = DraftLengthPolicy(num_tokens=8)
     assert drafted(policy) == 5
-    policy.cost_model.observe_step(gained=5.0, cost=2.5)
+    costs.observe_step(gained=5.0, cost=2.5)
     assert drafted(policy) == 2
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.generation.cost_model import CostModel
-from hf_specdec.generation.draft_length import AcceptanceHistory, DraftLengthPolicy, shared_width
+from hf_specdec.drafters.acceptance_history import AcceptanceHistory
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel, shared_width
 
 
 def test_adaptive_stops_when_the_expected_gain_falls_below_the_cost() -> None:
-    policy = DraftLengthPolicy(num_tokens=8, cost_ratio=0.4)
+    policy, costs = DraftLengthPolicy(num_tokens=8), CostModel(draft_forward=0.4)
     probs = torch.tensor([[0.9, 0.1]])  # confidence 0.9: gains 0.81, 0.73, 0.66, 0.59, 0.53, 0.48, 0.43, 0.39
     policy.start_step()
     drafted = 1
-    while not policy.should_stop(probs):
+    while not policy.should_stop(probs, costs):
         drafted += 1
     assert drafted == 8  # the gain of a 9th draft (0.9**9 = 0.39) would be below 0.4
 
@@ -28,15 +29,15 @@ def test_heuristic_schedule_grows_and_shrinks() -> None:
 
 
 def test_confidence_threshold_stops_when_every_row_is_unsure() -> None:
-    policy = DraftLengthPolicy(schedule="constant", confidence_threshold=0.5)
+    policy, costs = DraftLengthPolicy(schedule="constant", confidence_threshold=0.5), CostModel()
     policy.start_step()
-    assert not policy.should_stop(torch.tensor([[0.6, 0.4], [0.3, 0.7]]))
-    assert policy.should_stop(torch.tensor([[0.45, 0.55], [0.52, 0.48]]) * torch.tensor([[0.9, 0.9]]))
+    assert not policy.should_stop(torch.tensor([[0.6, 0.4], [0.3, 0.7]]), costs)
+    assert policy.should_stop(torch.tensor([[0.45, 0.55], [0.52, 0.48]]) * torch.tensor([[0.9, 0.9]]), costs)
 
 
 def _planned(history: AcceptanceHistory, max_tokens: int, cost: float) -> int:
     """One row's draft length under the adaptive rule on measured rates."""
-    return shared_width([history.survival(max_tokens)], cost)
+    return shared_width([history.survival(max_tokens)], None, cost)
 
 
 def test_planned_length_follows_the_measured_acceptance_by_position() -> None:
@@ -82,10 +83,12 @@ def test_prior_acceptance_sets_the_rate_before_any_measurement() -> None:
 def test_shared_width_weighs_every_rows_gain_against_the_whole_batchs_cost() -> None:
     """Every row is verified to the same width: one row's good match widens the batch only while its gain,
     averaged over all rows (the others pad), pays for `v * rows`."""
-    assert shared_width([[0.9, 0.5, 0.2]], cost=0.3) == 2  # one row: its own rule
-    assert shared_width([[0.9, 0.5, 0.2], [], [], []], cost=0.2) == 1  # 0.9 / 4 pays, 0.5 / 4 does not
-    assert shared_width([[0.9, 0.5, 0.2], [0.8, 0.6], [0.9], []], cost=0.2) == 2  # (0.5 + 0.6) / 4 pays
-    assert shared_width([[], []], cost=0.0) == 0  # nothing matched
+    assert shared_width([[0.9, 0.5, 0.2]], None, cost=0.3) == 2  # one row: its own rule
+    assert shared_width([[0.9, 0.5, 0.2], [], [], []], None, cost=0.2) == 1  # 0.9 / 4 pays, 0.5 / 4 does not
+    assert shared_width([[0.9, 0.5, 0.2], [0.8, 0.6], [0.9], []], None, cost=0.2) == 2  # (0.5 + 0.6) / 4 pays
+    assert shared_width([[], []], None, cost=0.0) == 0  # nothing matched
+    # Only the least advanced rows' gains count: here the second row alone, whose 0.6 pays for 0.5.
+    assert shared_width([[0.9, 0.5, 0.2], [0.8, 0.6]], [False, True], cost=0.5) == 2
 
 
 def test_adaptive_weighs_what_drafts_bring_the_least_advanced_rows() -> None:
@@ -94,7 +97,7 @@ def test_adaptive_weighs_what_drafts_bring_the_least_advanced_rows() -> None:
     probs = torch.tensor([[0.95, 0.05], [0.5, 0.5]])
     decisions = []
     for lagging in (None, torch.tensor([False, True]), torch.tensor([True, False])):
-        policy = DraftLengthPolicy(num_tokens=8, cost_ratio=0.4)
+        policy = DraftLengthPolicy(num_tokens=8)
         policy.start_step(lagging)
-        decisions.append(policy.should_stop(probs))
+        decisions.append(policy.should_stop(probs, CostModel(draft_forward=0.4)))
     assert decisions == [False, True, False]

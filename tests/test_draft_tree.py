@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import hf_specdec
+import hf_specdec.generation.run
 from hf_specdec import DynamicTree, SpeculativeCosts
-from hf_specdec.drafters.draft_tree import node_log_probs, nodes_worth_verifying
+from hf_specdec.drafters.draft_tree import node_log_probs
+from hf_specdec.generation.decisions import nodes_worth_verifying
 from hf_specdec.trees.dynamic import GrownPool
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
@@ -73,9 +75,65 @@ def test_the_drafts_cache_follows_the_accepted_paths(arch: str) -> None:
     assert stats.target_forwards.tolist() == [8, 8, 8]  # 1 + 8 x (4 + 1) = 41 tokens
 
 
-def _tree_samples(mode: str, seed: int) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "mistral"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_lookup_grafted_onto_draft_trees_keeps_plain_greedy(arch: str, batch: int) -> None:
+    """Each row's looked-up continuation grafted onto its draft tree (sharing the draft's nodes where they agree)."""
+    target = tiny_target(arch)
+    draft = tiny_model(arch, seed=0, num_layers=1, sharpen=4.0)
+    ids, mask = ragged_batch(batch, seed=batch + 4)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 40, "do_sample": False}
+    kwargs["repetition_penalty"] = 1.05  # a processor that reads each node's prefix (mild: repeats still occur)
+    plain = target.generate(**kwargs)
+    out = target.generate(
+        **kwargs,
+        assistant=draft,
+        tree=DynamicTree(num_nodes=4, depth=2, top_k=2),
+        prompt_lookup_num_tokens=6,
+        speculative_costs=SpeculativeCosts(0.0, 0.0),  # every step drafts, and every match is grafted
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.lookup_steps > 0
+
+
+def test_the_drafts_cache_follows_paths_through_grafted_nodes() -> None:
+    """A twin drafting a width-one tree of depth 2, with lookup's continuations grafted on: the accepted paths run
+    past the draft's own nodes into grafted ones the draft was never fed, which it must be fed at the next step
+    (all of them, in order), or its next tree would go wrong. With its cache right, every step but the last
+    accepts at least the draft's two nodes."""
+    target = tiny_target("llama")
+    ids, mask = ragged_batch(3, seed=4)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 40, "do_sample": False, "eos_token_id": None}
+    out = target.generate(
+        **kwargs,
+        assistant=copy.deepcopy(target),
+        tree=DynamicTree(num_nodes=2, depth=2, top_k=1),
+        prompt_lookup_num_tokens=6,
+        speculative_costs=SpeculativeCosts(0.0, 0.0),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, target.generate(**kwargs))
+    stats = out.speculative
+    assert bool((stats.accepted_tokens >= 2 * (stats.target_forwards - 1)).all())
+    assert bool((stats.accepted_tokens > 2 * stats.target_forwards).any())  # some paths ran through grafted nodes
+
+
+def test_lookup_drafts_alone_once_the_draft_runs_out_of_positions() -> None:
+    """GPT-2's draft has no position left to draft at near the end of its table: the tree's root carries the
+    lookup's chain alone (or nothing), and outputs stay plain greedy's."""
+    target, draft = tiny_target("gpt2"), tiny_model("gpt2", seed=0, num_layers=1, sharpen=4.0)
+    limit = target.config.n_positions
+    pattern = torch.tensor([5, 6, 7, 8, 9])
+    ids = pattern.repeat(2, (limit - 6) // 5 + 1)[:, : limit - 6]
+    kwargs = {"input_ids": ids, "max_length": limit, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+    out = target.generate(**kwargs, assistant=draft, tree=4, prompt_lookup_num_tokens=4, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(**kwargs))
+
+
+def _tree_samples(mode: str, seed: int, **lookup: int) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
     target, draft = _models()
-    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None}
+    sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None} | lookup
     tree = DynamicTree(num_nodes=6, depth=3, top_k=2)
     return sample_copies(
         target, (PROMPT_A, PROMPT_B), NUM_SAMPLES, PAD, MAX_NEW, seed, assistant=draft, tree=tree, **sampling
@@ -92,8 +150,17 @@ def test_draft_tree_sampling_follows_the_target_distribution(mode: str) -> None:
         assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
 
 
+def test_draft_tree_with_lookup_sampling_follows_the_target_distribution() -> None:
+    """Grafted nodes are certain drafts beside the draft's own: sampling stays the target's."""
+    (samples_a, samples_b), stats = _tree_samples("plain", seed=79, prompt_lookup_num_tokens=2)
+    assert stats.lookup_steps > 0
+    for samples, prompt in ((samples_a, PROMPT_A), (samples_b, PROMPT_B)):
+        pvalues = _pvalues(samples, sampling_joint(prompt, "plain"))
+        assert min(pvalues.values()) >= ALPHA, (prompt, pvalues)
+
+
 def test_a_broken_rule_on_draft_trees_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hf_specdec.generation.loop, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
+    monkeypatch.setattr(hf_specdec.generation.run, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
     (samples_a, _), _ = _tree_samples("plain", seed=78)
     assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA
 
@@ -102,7 +169,6 @@ def test_a_broken_rule_on_draft_trees_is_detected(monkeypatch: pytest.MonkeyPatc
     ("kwargs", "message"),
     [
         ({"tree": 6}, "pass `assistant=` too"),
-        ({"tree": 6, "assistant": "draft", "prompt_lookup_num_tokens": 3}, "grows trees alone"),
         ({"tree": 6, "assistant": "draft", "num_assistant_tokens": 3}, "`num_assistant_tokens` sets a draft chain"),
         ({"tree": "wide", "assistant": "draft"}, "DynamicTree or a number of nodes"),
     ],

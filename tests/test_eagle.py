@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
-from hf_specdec.generation.cost_model import SpeculationGate
+from hf_specdec.generation.decisions import SpeculationGate
 from hf_specdec.medusa.eagle import (
     EagleHeads,
     chain_starts,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
-from hf_specdec.generation.mixin import _parameter_share
+from hf_specdec.generation.decisions import parameter_share
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
 
 ARCHS = sorted(BUILDERS)
@@ -60,7 +60,7 @@ def test_a_dynamically_quantised_draft_keeps_plain_greedy() -> None:
         draft = torch.ao.quantization.quantize_dynamic(draft, {torch.nn.Linear}, dtype=torch.qint8)
     assert callable(draft.get_output_embeddings().weight)
     # The first guess of its cost counts the packed int8 weights (`parameters()` leaves them out): its twin's size.
-    assert _parameter_share(draft, target) == pytest.approx(1.0)
+    assert parameter_share(draft, target) == pytest.approx(1.0)
     ids, mask = ragged_batch(3, seed=4)
     plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     out = target.generate(

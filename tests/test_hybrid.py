@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
 from hf_specdec.generation.processing import RaggedLogitsProcessor
@@ -173,11 +174,13 @@ def test_lookup_learns_from_model_steps() -> None:
 def test_catching_up_keeps_padding_positions_in_range() -> None:
     """Found by the fuzzer: after a lookup step, rows catch up on different numbers of tokens; the padding
     before a row's pending tokens must get a valid position, or a draft with learned positions (GPT-2) fails."""
-    from hf_specdec.generation.draft_length import DraftLengthPolicy
+    from hf_specdec.generation.decisions import CostModel
     from hf_specdec.generation.sequences import TokenBuffer
 
     draft = tiny_model("gpt2", seed=0, num_layers=1)
-    drafter = DraftModelDrafter(draft, 96, RaggedLogitsProcessor(LogitsProcessorList()), do_sample=False)
+    schedule = DraftLengthPolicy(2, "constant")
+    processors = RaggedLogitsProcessor(LogitsProcessorList())
+    drafter = DraftModelDrafter(draft, 96, processors, do_sample=False, schedule=schedule)
     ids = torch.tensor([[0, 0, 0, 5], [5, 6, 7, 8]])
     mask = (ids != 0).long()
     drafter.prefill(ids, mask.bool(), (mask.cumsum(1) - 1).clamp_min(0))
@@ -186,5 +189,5 @@ def test_catching_up_keeps_padding_positions_in_range() -> None:
     config = GenerationConfig(max_length=40)
     config._eos_token_tensor = config._pad_token_tensor = None  # as generate() prepares them
     buffer = TokenBuffer(ids, config, StoppingCriteriaList(), scratch=8)
-    chain = drafter.draft_chain(buffer, torch.tensor([8, 6]), DraftLengthPolicy(2, "constant"), max_tokens=2)
+    chain = drafter.draft_chain(buffer, torch.tensor([8, 6]), CostModel(), max_tokens=2)
     assert chain.tokens.shape == (2, 2)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-import hf_specdec.generation.loop
+import hf_specdec.generation.run
 from hf_specdec.drafters.lookup import PromptLookupDrafter, lookup_continuation
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.sequences import TokenBuffer
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
@@ -77,7 +77,7 @@ def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     buffer, valid = _buffer([[5, 0], [4, 6, 7, 4, 6], [1, 2, 3, 1]])
     drafter = PromptLookupDrafter(num_tokens=4, max_ngram_size=2)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
-    proposal = drafter.draft_chain(buffer, torch.zeros(3, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
+    proposal = drafter.draft_chain(buffer, torch.zeros(3, dtype=torch.long), CostModel(), 10)
     assert proposal.lengths.tolist() == [0, 4, 4]  # row 0 has no match; the others repeat what they repeat
     assert proposal.tokens[1].tolist() == [7, 4, 6, 7] and proposal.tokens[2].tolist() == [2, 3, 1, 2]
     assert proposal.q is None and proposal.forwards == 0
@@ -87,7 +87,7 @@ def test_drafter_proposes_per_row_lengths_and_never_matches_padding() -> None:
     # Rows leaving the batch leave the others' starts as they were.
     keep = buffer.retire([True, False, True])
     drafter.select_rows(keep)
-    proposal = drafter.draft_chain(buffer, torch.zeros(1, dtype=torch.long), DraftLengthPolicy(4, "constant"), 10)
+    proposal = drafter.draft_chain(buffer, torch.zeros(1, dtype=torch.long), CostModel(), 10)
     assert proposal.lengths.tolist() == [4] and proposal.tokens.tolist() == [[7, 4, 6, 7]]
 
 
@@ -101,9 +101,9 @@ def test_the_batch_drafts_as_far_as_its_matches_pay() -> None:
     for _ in range(30):
         drafter.history[1].update(4, torch.zeros(2, dtype=torch.long))
         drafter.history[3].update(4, torch.full((2,), 4))
-    policy = DraftLengthPolicy(4, "constant", cost_ratio=0.0)
+    policy = CostModel()
     for k in [0, 3, 1, 4, 2] * 3:  # verification: 0.1 of a one-token forward per extra token and row
-        policy.cost_model.observe(0.0, 0, 1.0 + 0.1 * (2 * (k + 1) - 2), rows=2, verified_per_row=k + 1)
+        policy.observe(0.0, 0, 1.0 + 0.1 * (2 * (k + 1) - 2), rows=2, verified_per_row=k + 1)
     proposal = drafter.draft_chain(buffer, torch.zeros(2, dtype=torch.long), policy, 10)
     assert drafter._sizes == [1, 3]
     assert proposal.lengths.tolist() == [4, 4]
@@ -133,7 +133,7 @@ def test_without_the_adaptive_schedule_rows_draft_the_whole_length() -> None:
     drafter = PromptLookupDrafter(num_tokens=5, max_ngram_size=1, adaptive=False)
     drafter.prefill(buffer.tokens[:, : valid.shape[1]], valid, torch.zeros_like(valid, dtype=torch.long))
     drafter.history[1].update(5, torch.zeros(3, dtype=torch.long))
-    proposal = drafter.draft_chain(buffer, torch.zeros(1, dtype=torch.long), DraftLengthPolicy(5, "constant"), 10)
+    proposal = drafter.draft_chain(buffer, torch.zeros(1, dtype=torch.long), CostModel(), 10)
     assert proposal.lengths.tolist() == [5]
 
 
@@ -234,6 +234,6 @@ def test_the_distribution_check_catches_a_residual_that_keeps_the_rejected_token
     """Negative control: resampling from p itself after a rejection (instead of p without the rejected
     token) over-weights the drafted token, and the same check must see it."""
 
-    monkeypatch.setattr(hf_specdec.generation.loop, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
+    monkeypatch.setattr(hf_specdec.generation.run, "sample_accept_tree", BROKEN_RULES["keep_rejected_mass"])
     (samples_a, _), _ = _lookup_samples((PROMPT_A, PROMPT_B), 2, "plain", seed=2024)
     assert min(_pvalues(samples_a, sampling_joint(PROMPT_A, "plain")).values()) < POWER_ALPHA

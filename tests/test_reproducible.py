@@ -12,7 +12,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
-from hf_specdec.generation.cost_model import CostModel, SpeculationGate
+from hf_specdec.generation.decisions import CostModel, SpeculationGate
 from tests.tiny_models import ragged_batch, tiny_model
 
 COSTS = SpeculativeCosts(draft_forward=0.05, verify_per_token=0.01)

@@ -32,7 +32,7 @@ from transformers import (
 )
 
 import hf_specdec
-import hf_specdec.generation.loop
+import hf_specdec.generation.run
 from hf_specdec.generation.acceptance import residual_distribution, sample_accept_tree, speculative_sampling
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
 
@@ -308,7 +308,7 @@ def test_negative_control_broken_acceptance_rules_are_detected(
         num_accepted, next_token = broken_rule(nodes[:, 1:], q[:, :k], p, generator)
         return num_accepted, num_accepted, next_token
 
-    monkeypatch.setattr(hf_specdec.generation.loop, "sample_accept_tree", on_chains)
+    monkeypatch.setattr(hf_specdec.generation.run, "sample_accept_tree", on_chains)
     (samples,), _ = _speculative_samples((PROMPT_A,), 2, "plain", seed=1234)
     pvalues = _pvalues(samples, _target_joint(PROMPT_A, "plain"))
     assert min(pvalues.values()) < POWER_ALPHA, pvalues

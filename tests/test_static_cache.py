@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
-import hf_specdec.generation.loop as loop
+import hf_specdec.generation.run as loop
 from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.generation import kv_cache
 from tests.tiny_models import ragged_batch, tiny_model, tiny_target

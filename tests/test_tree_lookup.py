@@ -110,10 +110,17 @@ def test_rows_that_stop_early_leave_the_batch() -> None:
             assert torch.equal(out, plain)
 
 
-def test_graft_refuses_padded_trees() -> None:
-    trees = RowTrees.from_parents(torch.tensor([[-1, 0, 0]]), torch.tensor([[True, True, False]]))
-    with pytest.raises(ValueError, match="without padding"):
-        graft_chains(torch.tensor([[1, 2, 3]]), trees, torch.tensor([[4]]), torch.tensor([1]))
+def test_padding_stays_padding_when_a_chain_is_grafted() -> None:
+    """Node 2 is padding (never tried): a chain through its token gets a real node of its own, and node 2 stays
+    padding; the shorter row is padded after its own nodes."""
+    trees = RowTrees.from_parents(
+        torch.tensor([[-1, 0, 0], [-1, 0, 0]]), torch.tensor([[True, True, False], [True, True, True]])
+    )
+    nodes = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    grafted, out = graft_chains(nodes, trees, torch.tensor([[3, 5], [2, 6]]), torch.tensor([2, 2]))
+    assert grafted[0, :5].tolist() == [1, 2, 3, 3, 5] and out.parents[0].tolist() == [-1, 0, 0, 0, 3]
+    assert out.real[0].tolist() == [True, True, False, True, True]
+    assert out.parents[1, :4].tolist() == [-1, 0, 0, 1] and out.real[1].tolist() == [True, True, True, True, False]
 
 
 @pytest.mark.parametrize(

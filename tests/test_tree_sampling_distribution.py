@@ -41,7 +41,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-import hf_specdec.generation.loop as medusa_decoding  # the one loop: its acceptance rules are patched here
+import hf_specdec.generation.run as medusa_decoding  # the one loop: its acceptance rules are patched here
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
 from hf_specdec.generation.acceptance import sample_accept_tree, typical_accept_tree
 from hf_specdec.trees.row_trees import RowTrees

@@ -1,6 +1,7 @@
 """hf_specdec: lossless speculative decoding for Hugging Face transformers causal LMs, at any batch size."""
 
 from hf_specdec.drafters.decoding import speculative_decode
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.acceptance import (
     greedy_accept,
@@ -8,8 +9,7 @@ from hf_specdec.generation.acceptance import (
     residual_distribution,
     speculative_sampling,
 )
-from hf_specdec.generation.cost_model import SpeculativeCosts
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads

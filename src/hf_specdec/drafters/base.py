@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
@@ -96,8 +96,8 @@ class DraftingContext:
         do_sample (`bool`): sampling (else greedy).
         generator (`torch.Generator`, *optional*): randomness for sampling.
         vocab_size (`int`): the target's number of logits.
-        costs (`DraftLengthPolicy`): the loop's cost meter, with the draft model's length schedule (the same
-            object every `propose` receives).
+        costs (`CostModel`): the loop's cost model, which every adaptive decision weighs (the same object every
+            `propose` receives).
         reads (`HostReads`, *optional*): the loop's one read per step, which values a drafter's host needs a
             step later can join (`HostReads.later`).
         generation_config (`GenerationConfig`, *optional*): the call's; a draft model keeps a static cache and
@@ -109,7 +109,7 @@ class DraftingContext:
     do_sample: bool
     generator: torch.Generator | None
     vocab_size: int
-    costs: DraftLengthPolicy
+    costs: CostModel
     reads: HostReads | None = None
     generation_config: GenerationConfig | None = None
 
@@ -134,13 +134,13 @@ class Drafter(Protocol):
         buffer: TokenBuffer,
         last_token: torch.Tensor,
         next_position: torch.Tensor,
-        costs: DraftLengthPolicy,
+        costs: CostModel,
         max_tokens: int,
     ) -> Proposal:
         """Draft a tree per active row, rooted at `last_token` `(active,)`, whose paths hold at most
         `max_tokens` drafted tokens (a drafter may go past it: positions are clamped and the commit cuts what
         the limit does not allow); `next_position` `(active,)` is the logical position of the first draft;
-        `costs` the loop's measured costs (and the draft model's length schedule). Drafters whose own choices
+        `costs` the loop's cost model (`hf_specdec.generation.decisions`). Drafters whose own choices
         read the prefix write the drafted tokens into `buffer`, uncommitted."""
 
     def commit(self, accepted: Accepted) -> None:
@@ -207,9 +207,7 @@ class ChainDrafter:
     max_depth: int
     _num_drafted = 0
 
-    def draft_chain(
-        self, buffer: TokenBuffer, next_position: torch.Tensor, costs: DraftLengthPolicy, max_tokens: int
-    ) -> Chain:
+    def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
         raise NotImplementedError
 
     def commit_chain(
@@ -229,7 +227,7 @@ class ChainDrafter:
         buffer: TokenBuffer,
         last_token: torch.Tensor,
         next_position: torch.Tensor,
-        costs: DraftLengthPolicy,
+        costs: CostModel,
         max_tokens: int,
     ) -> Proposal:
         chain = self.draft_chain(buffer, next_position, costs, max_tokens)

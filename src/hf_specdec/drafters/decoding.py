@@ -15,11 +15,12 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.drafters.base import Drafter, DraftingContext
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.draft_tree import DraftTreeDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.trees.dynamic import DynamicTree
@@ -35,7 +36,8 @@ def speculative_decode(
     *,
     assistant: PreTrainedModel | None = None,
     prompt_lookup: PromptLookupDrafter | None = None,
-    draft_length: DraftLengthPolicy,
+    draft_length: DraftLengthPolicy | None = None,
+    costs: SpeculativeCosts | None = None,
     assistant_vocab: torch.Tensor | None = None,
     tree: DynamicTree | None = None,
     streamer: BaseStreamer | None = None,
@@ -52,26 +54,35 @@ def speculative_decode(
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
         assistant (`PreTrainedModel`, *optional*): the draft model.
         prompt_lookup (`PromptLookupDrafter`, *optional*): draft by prompt lookup.
-        draft_length (`DraftLengthPolicy`): how many tokens the draft model drafts per step; it also measures the
-            costs every drafter's length rule uses.
+        draft_length (`DraftLengthPolicy`, *optional*): how many tokens the draft model drafts per step (adaptive
+            by default).
+        costs (`SpeculativeCosts`, *optional*): fixed costs for the adaptive decisions instead of measured ones.
         assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
         tree (`DynamicTree`, *optional*): the draft model grows this tree per row and step (`DraftTreeDrafter`)
-            instead of a chain; not with prompt lookup.
+            instead of a chain; with prompt lookup, each row's looked-up continuation is grafted onto it.
         streamer, generator, model_kwargs: as for [`decode`].
     """
     if assistant is None and prompt_lookup is None:
         raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
-    if tree is not None and (assistant is None or prompt_lookup is not None):
-        raise ValueError("A draft tree is grown by a draft model alone: pass `assistant=` without prompt lookup.")
+    if tree is not None and assistant is None:
+        raise ValueError("A draft tree is grown by a draft model: pass `assistant=` too.")
+    schedule = DraftLengthPolicy() if draft_length is None else draft_length
     make_drafter = functools.partial(
-        _drafter, assistant=assistant, prompt_lookup=prompt_lookup, assistant_vocab=assistant_vocab, tree=tree
+        _drafter,
+        assistant=assistant,
+        prompt_lookup=prompt_lookup,
+        assistant_vocab=assistant_vocab,
+        tree=tree,
+        schedule=schedule,
     )
     path = "`assistant=`" if assistant is not None else "prompt lookup"
     # Plain steps where drafting does not pay belong to the adaptive schedule; "constant" and "heuristic" draft
     # as they say at every step.
-    adaptive = (
-        draft_length.schedule == "adaptive" if assistant is not None else bool(prompt_lookup and prompt_lookup.adaptive)
-    )
+    adaptive = schedule.adaptive if assistant is not None else bool(prompt_lookup and prompt_lookup.adaptive)
+    if assistant is None:  # no draft forward to pay for
+        cost_model = CostModel.verification_only(costs)
+    else:
+        cost_model = CostModel(parameter_share(assistant, model), costs)
     return decode(
         model,
         input_ids,
@@ -79,7 +90,7 @@ def speculative_decode(
         stopping_criteria,
         generation_config,
         make_drafter=make_drafter,
-        costs=draft_length,
+        costs=cost_model,
         path=path,
         plain_steps=adaptive,
         streamer=streamer,
@@ -94,14 +105,14 @@ def _drafter(
     prompt_lookup: PromptLookupDrafter | None,
     assistant_vocab: torch.Tensor | None,
     tree: DynamicTree | None,
+    schedule: DraftLengthPolicy,
 ) -> Drafter:
     if assistant is None:
         assert prompt_lookup is not None
         return prompt_lookup
     common = (assistant, context.vocab_size, context.processors, context.do_sample, context.generator, assistant_vocab)
+    settings = {"schedule": schedule, "reads": context.reads, "generation_config": context.generation_config}
     if tree is not None:
-        return DraftTreeDrafter(*common, tree=tree, reads=context.reads, generation_config=context.generation_config)
-    drafter = DraftModelDrafter(
-        *common, max_tokens=context.costs.max_tokens, reads=context.reads, generation_config=context.generation_config
-    )
+        return DraftTreeDrafter(*common, tree=tree, prompt_lookup=prompt_lookup, **settings)
+    drafter = DraftModelDrafter(*common, **settings)
     return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)

@@ -17,8 +17,9 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.processing import RaggedLogitsProcessor
@@ -40,7 +41,7 @@ class DraftModelDrafter(ChainDrafter):
         token_ids (`torch.LongTensor`, *optional*): a draft vocabulary (see `hf_specdec.drafters.vocab`): the draft then
             runs its decoder and projects onto these rows of its lm_head only, and proposes only these tokens;
             its distribution q is the softmax over them (zero elsewhere), which keeps sampling exact.
-        max_tokens (`int`): the most tokens a step drafts (the length schedule's `max_tokens`).
+        schedule (`DraftLengthPolicy`, *optional*): how many tokens a step drafts (adaptive by default).
         reads (`HostReads`, *optional*): the loop's one read per step, which the draft's cache bookkeeping joins.
         generation_config (`GenerationConfig`, *optional*): the call's; with `cache_implementation="static"` the
             draft keeps a static cache too, compiled where the target's forward is (`kv_cache.wants_compile`).
@@ -54,15 +55,15 @@ class DraftModelDrafter(ChainDrafter):
         do_sample: bool,
         generator: torch.Generator | None = None,
         token_ids: torch.Tensor | None = None,
-        max_tokens: int = 16,
+        schedule: DraftLengthPolicy | None = None,
         reads: HostReads | None = None,
         generation_config: GenerationConfig | None = None,
     ) -> None:
         self.model = model
         self.reads = reads
         self.generation_config = generation_config
-        self.max_depth = max_tokens
-        self._policy: DraftLengthPolicy | None = None
+        self.schedule = DraftLengthPolicy() if schedule is None else schedule
+        self.max_depth = self.schedule.max_tokens
         self.device = model.device
         self.target_vocab_size = target_vocab_size
         self.token_ids: torch.Tensor | None = None
@@ -177,10 +178,8 @@ class DraftModelDrafter(ChainDrafter):
             return torch.cat([logits, pad], dim=-1)
         return logits
 
-    def draft_chain(
-        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> Chain:
-        """Draft up to `policy.current` tokens (and at most `max_tokens`, at least one) for every active row.
+    def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
+        """Draft up to `schedule.current` tokens (and at most `max_tokens`, at least one) for every active row.
 
         Each drafted token is written into `buffer` right after the row's committed tokens (not committed):
         the logits processors of the next draft position, and of verification, read it there as prefix.
@@ -188,14 +187,14 @@ class DraftModelDrafter(ChainDrafter):
         Args:
             buffer (`TokenBuffer`): committed tokens of every row.
             next_position (`torch.LongTensor` of shape `(active,)`): logical position of the first draft.
-            policy (`DraftLengthPolicy`): the draft length and early-stop rule.
+            costs (`CostModel`): the loop's, which the adaptive schedule weighs each next draft against.
             max_tokens (`int`): how many tokens any row can still commit after this step's first.
 
         Returns:
             A `Chain`: `(active, k)` drafted tokens on the buffer's device, and when sampling the draft
             distributions `(active, k, vocab)` they were drawn from; one draft forward per drafted token.
         """
-        self._policy = policy
+        policy = self.schedule
         target_device = buffer.tokens.device
         room = self.room_to_draft(next_position)
         if room < 1:
@@ -242,7 +241,7 @@ class DraftModelDrafter(ChainDrafter):
                 confidence = q if self.do_sample else torch.softmax(scores, dim=-1)
                 if track:
                     confidence = confidence.masked_fill((lengths <= j)[:, None], 0.0)
-                if policy.should_stop(confidence):
+                if policy.should_stop(confidence, costs):
                     break
             ids = token[:, None].to(self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)
@@ -309,9 +308,9 @@ class DraftModelDrafter(ChainDrafter):
         """
         if self.exhausted:
             return
-        assert self.seq is not None and self.pending is not None and self._policy is not None
+        assert self.seq is not None and self.pending is not None
         host = outcome.num_accepted if outcome is not None else num_accepted.tolist()
-        self._policy.update(num_drafted, host)
+        self.schedule.update(num_drafted, host)
         num_accepted = num_accepted.to(self.device)
         kept_drafts = torch.clamp(num_accepted, max=num_drafted - 1)  # the last draft was never fed
         keep_max = self._pending_width + min(max(host, default=0), num_drafted - 1)

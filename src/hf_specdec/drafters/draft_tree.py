@@ -15,8 +15,13 @@ its candidates obey them. Children are the draft's top candidates (chosen from t
 so verification treats each as a point mass: greedy decoding keeps plain greedy's tokens and sampling keeps the
 target's distribution exactly (`acceptance.sample_accept_tree`).
 
+With prompt lookup (`prompt_lookup_num_tokens=`), each row's looked-up continuation is grafted onto its tree
+(`tree_growth.graft_lookup`, as for Medusa and EAGLE heads): where the text repeats, lookup's long matches cost
+the draft nothing to propose.
+
 The draft's cache keeps, after each step, the committed tokens and the accepted path's nodes it was fed (moved
-into path order); a path's last node, if never fed (a leaf), is fed at the next step with the target's token.
+into path order); the path's nodes it was never fed (a leaf, grafted nodes) are fed at the next step with the
+target's token.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ import dataclasses
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.drafters.base import Accepted, Proposal, chain_proposal
+from hf_specdec.drafters.base import Accepted, Proposal, chain_proposal, committed_tokens
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
-from hf_specdec.generation.draft_length import DraftLengthPolicy, shared_width
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
+from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.readback import HostReads
 from hf_specdec.generation.sequences import TokenBuffer
-from hf_specdec.trees.dynamic import DynamicTree, GrowthRule
+from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
+from hf_specdec.trees.row_trees import RowTrees
 
 # A draft tree's shape when `tree=` gives only its size (`tree=16`): growing stops where a depth does not pay,
 # so a deep limit costs nothing where the draft is unsure (Qwen2.5-Coder 1.5B/0.5B, batch 1: 16 nodes to depth 8
@@ -62,6 +71,10 @@ class DraftTreeDrafter(DraftModelDrafter):
     Args:
         model, target_vocab_size, processors, do_sample, generator, token_ids: as for `DraftModelDrafter`.
         tree (`DynamicTree`): the tree to grow, with its depth set.
+        schedule (`DraftLengthPolicy`, *optional*): with the adaptive schedule (the default) the tree grows and is
+            verified only as far as it pays (`tree_growth.grow_tree`); otherwise whole.
+        prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
+            its tree, as far as the measured acceptance of its matches pays for verifying it.
     """
 
     def __init__(
@@ -74,6 +87,8 @@ class DraftTreeDrafter(DraftModelDrafter):
         token_ids: torch.Tensor | None = None,
         *,
         tree: DynamicTree,
+        schedule: DraftLengthPolicy | None = None,
+        prompt_lookup: PromptLookupDrafter | None = None,
         reads: HostReads | None = None,
         generation_config: GenerationConfig | None = None,
     ) -> None:
@@ -86,28 +101,40 @@ class DraftTreeDrafter(DraftModelDrafter):
             do_sample,
             generator,
             token_ids,
-            max_tokens=tree.depth,
+            schedule=schedule,
             reads=reads,
             generation_config=generation_config,
         )
-        self.tree = tree
+        self.tree, self.prompt_lookup = tree, prompt_lookup
+        self.max_depth = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
         self._fed_pool: torch.Tensor | None = None  # (A, F) pool index of every tree node fed this step
-        self._chosen: torch.Tensor | None = None  # (A, n) pool index of every tree node after the root
-        self._nodes: torch.Tensor | None = None  # (A, n + 1) the tree's tokens
+        self._chosen: torch.Tensor | None = None  # (A, n) pool index of every grown tree node after the root
+        self._grafted = False  # whether this step's trees have looked-up nodes grafted on (never fed)
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        super().prefill(input_ids, valid, positions)
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.prefill(input_ids, valid, positions)
 
     def propose(
         self,
         buffer: TokenBuffer,
         last_token: torch.Tensor,
         next_position: torch.Tensor,
-        costs: DraftLengthPolicy,
+        costs: CostModel,
         max_tokens: int,
     ) -> Proposal:
         """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one) nor than the
-        draft's positions reach (nothing once they are used up: a plain step)."""
+        draft's positions reach (once they are used up, prompt lookup's chain alone, or a plain step), and graft
+        prompt lookup's continuation on."""
         room = self.room_to_draft(next_position)
         if room < 1:
-            return chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
+            rows = last_token.shape[0]
+            root = RowTrees.chain(1, last_token.device).expand(rows)
+            nodes, trees, looked_up = graft_lookup(
+                last_token[:, None], root, self.prompt_lookup, buffer, next_position, costs, max_tokens
+            )
+            return chain_proposal(last_token, nodes[:, 1:]) if not looked_up else Proposal(nodes, trees, looked_up=True)
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         spec = self.tree.within(min(max_tokens, room))
         target_device = buffer.tokens.device
@@ -137,34 +164,36 @@ class DraftTreeDrafter(DraftModelDrafter):
                 logits = self._all_logits(out).to(target_device)  # (A, F, V)
             return state.log_probs(self.processors, buffer, logits)
 
-        grown = spec.grow_pool(last_token, expand, lambda ids: ids, growth_rule(costs, buffer.lagging, rows))
-        num_nodes = spec.num_nodes
-        if costs.schedule == "adaptive":  # verify only the nodes that pay for their verification
-            num_nodes = nodes_worth_verifying(
-                grown.scores, num_nodes, buffer.lagging_rows(), costs.cost_model.verify_threshold(rows)
-            )
-        nodes, trees, chosen = grown.select(num_nodes)
-        fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.frontiers[1:]], dim=1)  # fed after the root
+        adaptive = costs if self.schedule.adaptive else None
+        grown = grow_tree(spec, last_token, expand, lambda ids: ids, buffer, adaptive)
+        nodes, trees, looked_up = graft_lookup(
+            grown.nodes, grown.trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
+        )
+        fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.pool.frontiers[1:]], dim=1)  # fed after the root
         self._fed = self._pending_width + fed_pool.shape[1]
-        self._fed_pool, self._chosen, self._nodes = fed_pool, chosen, nodes
+        self._fed_pool, self._chosen, self._grafted = fed_pool, grown.chosen, looked_up
         # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
-        return Proposal(nodes, trees, forwards=len(grown.frontiers))
+        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up)
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
-        queue the path's last node if it was never fed, then the target's token."""
+        queue the path's nodes that were never fed, then the target's token."""
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.observe(committed_tokens(accepted))
         if self.exhausted:
             return
-        assert self.seq is not None and self._fed_pool is not None and self._chosen is not None
-        assert self._nodes is not None
-        path, num_accepted, next_token = accepted.path, accepted.num_accepted, accepted.next_token
-        width = self._pending_width
-        # Pool index of every accepted node after the root (-1 past the path).
+        if self._fed_pool is None:  # a step without a grown tree (a lookup chain once the draft ran out of room)
+            return
+        assert self.seq is not None and self._chosen is not None
+        path, num_accepted = accepted.path, accepted.num_accepted
+        width, grown = self._pending_width, self._chosen.shape[1]
+        # Pool index of every accepted node after the root (-1 past the path, and for grafted nodes).
         tree_nodes = path[:, 1:]  # (A, D)
-        pool = torch.where(tree_nodes > 0, self._chosen.gather(1, (tree_nodes - 1).clamp_min(0)), -1)
+        in_pool = (tree_nodes > 0) & (tree_nodes <= grown)
+        pool = torch.where(in_pool, self._chosen.gather(1, (tree_nodes - 1).clamp(0, max(grown - 1, 0))), -1)
         fed = self._fed_pool.to(pool.device)  # (A, F)
         match = (pool[:, :, None] == fed[:, None, :]) & (pool[:, :, None] >= 0)  # (A, D, F)
-        was_fed = match.any(dim=2)  # (A, D): every accepted node but maybe the last
+        was_fed = match.any(dim=2)  # (A, D): a prefix of the path (a node's children are fed only if it was)
         slot = width + (match.to(torch.int8).argmax(dim=2) if match.shape[2] else torch.zeros_like(pool))  # (A, D)
         kept_nodes = was_fed.sum(dim=1)  # (A,)
         keep = torch.cat([torch.arange(width, device=path.device).expand(path.shape[0], width), slot], dim=1)
@@ -172,46 +201,22 @@ class DraftTreeDrafter(DraftModelDrafter):
         most = self._fed if accepted.outcome is None else min(self._fed, width + accepted.outcome.max_accepted)
         self.seq.keep_path(self._fed, keep.to(self.device), (width + kept_nodes).to(self.device), keep_max=most)
         self.seq.maybe_compact()
-        # The last accepted node, if it was a leaf, has not been fed: it comes before the target's token.
-        last = self._nodes.gather(1, path.gather(1, num_accepted[:, None]).clamp_min(0)).squeeze(1)
-        unfed = (num_accepted > 0) & (kept_nodes < num_accepted)
-        first = torch.where(unfed, last, next_token)
-        self.pending = torch.stack([first, next_token], dim=1).to(self.device)
-        self.pending_count = (1 + unfed.long()).to(self.device)
-        self._pending_most = 1 if accepted.outcome is not None and accepted.outcome.max_accepted == 0 else 2
+        self._fed_pool = None
+        # The path's nodes never fed, then the target's token. Without grafted nodes only the path's last node can
+        # be unfed (a leaf of the grown tree): at most two tokens.
+        most = path.shape[1] if accepted.outcome is None else accepted.outcome.max_accepted + 1
+        self._queue_unfed(accepted.tokens, kept_nodes, num_accepted, most if self._grafted else min(most, 2))
 
-
-def growth_rule(costs: DraftLengthPolicy, lagging: torch.Tensor, rows: int) -> GrowthRule | None:
-    """The adaptive rule of chains, for a tree (`None` when the schedule never stops early): one more depth (a
-    draft forward) is expected to bring the chance that the accepted path reaches the new frontier times the
-    chance it goes one further, taken as the ratio of the two latest frontiers' reach; averaged over the least
-    advanced rows (whose gains count: `TokenBuffer.lagging`), it must pay for a draft forward and one more
-    verified token per row at the rate recent steps brought (`CostModel.draft_threshold`)."""
-    if not costs.may_stop:
-        return None
-
-    def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
-        reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
-        ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
-        weights = lagging.to(reach.dtype)
-        gain = float((reach * ratio.clamp_max(1.0) * weights).sum() / weights.sum())  # the one read per depth
-        return gain >= costs.cost_model.draft_threshold(rows)
-
-    return keep_growing
-
-
-def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: list[bool], cost: float) -> int:
-    """How many of a grown pool's best nodes to verify, at most `num_nodes` and at least one: every row verifies
-    the same number (the trees are padded to one width, and padding costs as much as nodes), so the count grows
-    while the next node is expected to bring, averaged over the least advanced rows (whose gains count), at least
-    `cost` tokens (`CostModel.verify_threshold`). A node brings a token when its whole path is accepted, which
-    its score estimates (the draft's probability of the path, `scores` `(A, pool)`, the root first)."""
-    count = min(num_nodes, scores.shape[1] - 1)
-    if cost <= 0.0 or count <= 1:
-        return max(count, 1)
-    best = scores[:, 1:].topk(count, dim=1).values.exp()  # (A, count) path probabilities, best first
-    survivals = [row for row, lags in zip(best.tolist(), lagging, strict=True) if lags]  # one read
-    return max(shared_width(survivals, cost), 1)  # lookup's width rule, over the nodes
+    def _queue_unfed(self, tokens: torch.Tensor, fed: torch.Tensor, num_accepted: torch.Tensor, most: int) -> None:
+        """Queue row b's `tokens[b, fed[b] : num_accepted[b] + 1]` (its accepted tokens the draft was not fed,
+        then the target's token) as pending, right-aligned; `most`: at least the longest, known to the host."""
+        tokens, fed, num_accepted = tokens.to(self.device), fed.to(self.device), num_accepted.to(self.device)
+        count = num_accepted + 1 - fed  # (A,)
+        offset = torch.arange(most, device=self.device)[None, :] - (most - count)[:, None]  # (A, most)
+        source = (fed[:, None] + offset).clamp(0, tokens.shape[1] - 1)
+        self.pending = tokens.gather(1, source).masked_fill(offset < 0, 0)
+        self.pending_count = count
+        self._pending_most = most
 
 
 class FrontierAncestry:

@@ -11,8 +11,8 @@ rarely does, where the draft model is the better bet. Each step, this drafter co
     model:   expected tokens per row  1 + mean accepted drafts in recent model steps
              cost                     1 + (c + v * rows) * mean drafts in recent model steps
 
-and drafts with the one whose expected tokens per unit of cost is higher (`c`: a draft forward's cost,
-`v`: one more verified token per row, both measured by the loop's `DraftLengthPolicy`). Before the first
+and drafts with the one whose expected tokens per unit of cost is higher (`decisions.lookup_pays_more`; `c`: a
+draft forward's cost, `v`: one more verified token per row, both from the loop's `CostModel`). Before the first
 model step the model drafts. On model steps the lookup's proposal is compared with the committed tokens,
 so its acceptance keeps being measured while it is not used. After a lookup step the draft model catches up
 on the committed tokens in one forward at its next proposal. Either way the target verifies, so outputs stay
@@ -26,12 +26,10 @@ import torch
 from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel, lookup_pays_more
+from hf_specdec.generation.decisions.constants import MODEL_STEP_SMOOTHING
 from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
-
-# Weight of the newest model step in the running means of its tokens and drafts per step.
-_SMOOTHING = 0.2
 
 
 class HybridDrafter(ChainDrafter):
@@ -58,27 +56,23 @@ class HybridDrafter(ChainDrafter):
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         self.model.start(first_token)
 
-    def draft_chain(
-        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> Chain:
+    def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
         """A lookup proposal when it is expected to pay more per unit of cost than a model step, else the
-        draft model's (`policy`: the loop's, for the draft model's length and the measured costs); the lookup's
-        alone once the draft model has no positions left to draft at."""
-        looked_up = self.lookup.draft_chain(buffer, next_position, policy, max_tokens)
-        if self.model.room_to_draft(next_position) < 1 or self._lookup_pays(looked_up, len(buffer.active_rows), policy):
+        draft model's (`costs`: the loop's); the lookup's alone once the draft model has no positions left to
+        draft at."""
+        looked_up = self.lookup.draft_chain(buffer, next_position, costs, max_tokens)
+        if self.model.room_to_draft(next_position) < 1 or self._lookup_pays(looked_up, len(buffer.active_rows), costs):
             self.last = looked_up
         else:
-            self.last = self.model.draft_chain(buffer, next_position, policy, max_tokens)
+            self.last = self.model.draft_chain(buffer, next_position, costs, max_tokens)
         return self.last
 
-    def _lookup_pays(self, looked_up: Chain, rows: int, policy: DraftLengthPolicy) -> bool:
+    def _lookup_pays(self, looked_up: Chain, rows: int, costs: CostModel) -> bool:
         k = looked_up.tokens.shape[1]
         if k == 0 or self.model_tokens is None or self.model_drafts is None:
             return False
-        v = policy.cost_model.verify_per_token
-        lookup_rate = self.lookup.expected_tokens() / (1.0 + v * rows * k)
-        model_rate = self.model_tokens / (1.0 + policy.cost_model.extra_draft(rows) * self.model_drafts)
-        return lookup_rate > model_rate
+        expected = self.lookup.expected_tokens()
+        return lookup_pays_more(costs, rows, expected, k, self.model_tokens, self.model_drafts)
 
     def commit_chain(
         self,
@@ -102,8 +96,8 @@ class HybridDrafter(ChainDrafter):
             if self.model_tokens is None or self.model_drafts is None:
                 self.model_tokens, self.model_drafts = tokens, drafts
             else:
-                self.model_tokens += _SMOOTHING * (tokens - self.model_tokens)
-                self.model_drafts += _SMOOTHING * (drafts - self.model_drafts)
+                self.model_tokens += MODEL_STEP_SMOOTHING * (tokens - self.model_tokens)
+                self.model_drafts += MODEL_STEP_SMOOTHING * (drafts - self.model_drafts)
             return
         self.lookup.commit_chain(num_accepted, num_drafted, next_token, outcome)
         self.model.catch_up(committed, num_accepted + 1, None if outcome is None else max(host) + 1)

@@ -17,12 +17,11 @@ How far to trust a match depends mostly on its length. Replaying lookup over Qwe
 replies to the benchmark's prompts, the first looked-up token was right after 23-32% of single-token
 matches and after 82% or more of 3-token matches. So the acceptance rate by draft position is measured
 separately for each matched n-gram size, starting from a prior per size taken from that replay
-(`PRIOR_ACCEPTANCE`), so that long matches are tried from the first step. With the "adaptive" schedule the
-batch drafts as far as its matches are expected to pay for verification: every row is verified to the same
-width (a row that drafts less is padded, at the same cost), so the width grows while one more position is
-expected to bring its cost times the rate recent steps brought (`draft_length.shared_width`,
-`CostModel.verify_threshold`) to the least advanced rows (a batched call
-ends with its last row); at batch size 1 that is the row's own match.
+(`decisions.constants.PRIOR_ACCEPTANCE`), so that long matches are tried from the first step. With the
+"adaptive" schedule the batch drafts as far as its matches are expected to pay for verification: every row is
+verified to the same width (a row that drafts less is padded, at the same cost), so the width grows while one
+more position is expected to bring its cost times the rate recent steps brought (`decisions.shared_width`) to
+the least advanced rows (a batched call ends with its last row); at batch size 1 that is the row's own match.
 """
 
 from __future__ import annotations
@@ -32,16 +31,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from hf_specdec.drafters.acceptance_history import HistoryByMatchSize
 from hf_specdec.drafters.base import Chain, ChainDrafter
-from hf_specdec.generation.draft_length import AcceptanceHistory, DraftLengthPolicy, shared_width
+from hf_specdec.generation.decisions import CostModel, shared_width
 from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.lookup_graft import graft_chains
 from hf_specdec.trees.row_trees import RowTrees
 
-# Acceptance assumed for a looked-up token before any is measured, by matched n-gram size (3 and longer: the
-# last entry); from the replay described above.
-PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.8}
 # `max_matching_ngram_size` by default. Transformers' is 2; 3-token matches are right far more often (see the
 # module's docstring), and a row falls back to shorter matches when there is none.
 DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
@@ -75,15 +72,6 @@ def lookup_continuation(tokens: Sequence[int], max_ngram_size: int, num_tokens: 
                 continuation = (continuation * -(-num_tokens // len(continuation)))[:num_tokens]
             return continuation, n
     return [], 0
-
-
-class HistoryByMatchSize(dict[int, AcceptanceHistory]):
-    """Acceptance by draft position for each matched n-gram size, made at a size's first use (starting from its
-    prior), so that a large `max_matching_ngram_size` costs nothing until matches that long occur."""
-
-    def __missing__(self, n: int) -> AcceptanceHistory:
-        history = self[n] = AcceptanceHistory(PRIOR_ACCEPTANCE[min(n, 3)])
-        return history
 
 
 class PromptLookupDrafter(ChainDrafter):
@@ -121,22 +109,20 @@ class PromptLookupDrafter(ChainDrafter):
         trees: RowTrees,
         buffer: TokenBuffer,
         next_position: torch.Tensor,
-        policy: DraftLengthPolicy,
+        costs: CostModel,
         max_tokens: int,
     ) -> tuple[torch.Tensor, RowTrees, bool]:
         """Each row's looked-up continuation grafted onto its tree of `nodes` (`hf_specdec.trees.lookup_graft`), as
         far as `draft_chain` drafts it: `(nodes, trees, looked_up)`."""
-        chain = self.draft_chain(buffer, next_position, policy, max_tokens)
+        chain = self.draft_chain(buffer, next_position, costs, max_tokens)
         assert chain.lengths is not None
         nodes, trees = graft_chains(nodes, trees, chain.tokens, chain.lengths)
         return nodes, trees, chain.looked_up
 
-    def draft_chain(
-        self, buffer: TokenBuffer, next_position: torch.Tensor, policy: DraftLengthPolicy, max_tokens: int
-    ) -> Chain:
+    def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
         """Look up up to `num_tokens` tokens (at most `max_tokens`) for every active row and write them into
         `buffer` after each row's committed tokens (uncommitted), where the logits processors of verification
-        read them. `policy`: the loop's, which measures what verifying one more token per row costs.
+        read them. `costs`: the loop's, which measures what verifying one more token per row costs.
 
         Rows draft different numbers of tokens (none without a match); `k` is the longest, and shorter rows are
         padded with filler that the `lengths` of the proposal exclude from acceptance.
@@ -149,12 +135,8 @@ class PromptLookupDrafter(ChainDrafter):
         self._sizes = [n for _, n in matches]
         width = most
         if self.adaptive:  # c = 0: a lookup costs no draft forward; one more position costs v * rows
-            survivals = [
-                self.history[n].survival(len(continuation)) if n else []
-                for (continuation, n), lags in zip(matches, buffer.lagging_rows(), strict=True)
-                if lags
-            ]
-            width = shared_width(survivals, policy.cost_model.verify_threshold(len(rows)))
+            survivals = [self.history[n].survival(len(continuation)) if n else [] for continuation, n in matches]
+            width = shared_width(survivals, buffer.lagging_rows(), costs.threshold(len(rows)))
         found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]
         self._lengths = [len(f) for f in found]
         k = max(self._lengths, default=0)

@@ -17,20 +17,19 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.drafters.decoding import speculative_decode
+from hf_specdec.drafters.draft_length import SCHEDULES, DraftLengthPolicy
 from hf_specdec.drafters.draft_tree import draft_tree_spec
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
-    LookupSettings,
     lookup_settings,
     passed,
     requested,
     with_stop_strings,
     withhold,
 )
-from hf_specdec.generation.cost_model import SpeculativeCosts
-from hf_specdec.generation.draft_length import SCHEDULES, DraftLengthPolicy
+from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
 from hf_specdec.generation.validation import check_models, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
@@ -54,7 +53,8 @@ class SpeculativeGenerationMixin:
             this in every row (default: off).
         tree (`DynamicTree` or `int`): with `assistant=`, the draft model grows a tree per row and step instead of a
             chain (EAGLE-2-style: `top_k` children per frontier node, the best `num_nodes` verified in one target
-            forward; an int is a number of nodes with the default shape). Not with prompt lookup.
+            forward; an int is a number of nodes with the default shape). With prompt lookup too, each row's
+            looked-up continuation is grafted onto its tree.
         assistant_vocab (`torch.LongTensor` or list of ids): a draft vocabulary, e.g. the most frequent tokens
             (`hf_specdec.drafters.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the
             rest of its lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target
@@ -124,11 +124,7 @@ class SpeculativeGenerationMixin:
         schedule = _pick(requested(self, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)  # type: ignore[arg-type]
         if schedule not in SCHEDULES:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}.")
-        policy = self._draft_length_policy(generation_config, kwargs, assistant, lookup, schedule, costs)
-        if tree is not None and lookup is not None:
-            raise ValueError(
-                "`tree=` with `prompt_lookup_num_tokens`: a draft model grows trees alone for now; drop one of them."
-            )
+        policy = self._draft_length_policy(generation_config, kwargs, assistant, schedule)
         for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
             if tree is not None and passed(generation_config, kwargs, name):  # type: ignore[arg-type]
                 raise ValueError(f"`{name}` sets a draft chain's length; with `tree=` the DynamicTree sets the shape.")
@@ -144,6 +140,7 @@ class SpeculativeGenerationMixin:
             assistant=assistant,
             prompt_lookup=prompt_lookup,
             draft_length=policy,
+            costs=costs,
             assistant_vocab=assistant_vocab,
             tree=None if tree is None else draft_tree_spec(tree),
             streamer=kwargs.get("streamer"),
@@ -155,13 +152,10 @@ class SpeculativeGenerationMixin:
         generation_config: GenerationConfig | None,
         kwargs: dict[str, Any],
         assistant: PreTrainedModel | None,
-        lookup: LookupSettings | None,
         schedule: str,
-        costs: SpeculativeCosts | None,
-    ) -> DraftLengthPolicy:
+    ) -> DraftLengthPolicy | None:
         """The draft model's length schedule from `num_assistant_tokens*` and `assistant_confidence_threshold`
-        (our measured defaults where unset). Without a draft model the loop's policy only measures costs (there
-        is no draft forward to pay for, c = 0), and the draft model's settings are refused."""
+        (our measured defaults where unset); `None` without a draft model, whose settings are then refused."""
         if assistant is None:
             for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
                 if passed(generation_config, kwargs, name):
@@ -174,8 +168,7 @@ class SpeculativeGenerationMixin:
                     "num_assistant_tokens_schedule='heuristic' follows a draft model's acceptance; prompt lookup "
                     "takes 'adaptive' (default) or 'constant'."
                 )
-            assert lookup is not None
-            return DraftLengthPolicy.cost_meter(lookup.num_tokens, costs)
+            return None
 
         def setting(name: str) -> Any:
             return requested(self, generation_config, kwargs, name)  # type: ignore[arg-type]
@@ -184,8 +177,6 @@ class SpeculativeGenerationMixin:
             num_tokens=_pick(setting("num_assistant_tokens"), DEFAULT_NUM_ASSISTANT_TOKENS),
             schedule=schedule,
             confidence_threshold=_pick(setting("assistant_confidence_threshold"), DEFAULT_CONFIDENCE_THRESHOLD),
-            cost_ratio=_parameter_share(assistant, self),  # type: ignore[arg-type]
-            costs=costs,
         )
 
     @staticmethod
@@ -203,23 +194,6 @@ class SpeculativeGenerationMixin:
 def _pick(value: Any, default: Any) -> Any:
     """A speculative setting from the user's generation config or `generate()` kwargs, else our default."""
     return default if value is None else value
-
-
-def _parameter_share(draft: PreTrainedModel, target: PreTrainedModel) -> float:
-    """The draft's size relative to the target's: a first guess of its cost per forward when decoding is
-    bound by reading the weights."""
-    return _weight_count(draft) / max(_weight_count(target), 1)
-
-
-def _weight_count(model: PreTrainedModel) -> int:
-    """The model's parameters, counting the weights quantised layers pack away from `parameters()` (torch's
-    dynamically quantised `Linear` keeps them behind a `weight()` method)."""
-    count = model.num_parameters()
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if callable(weight) and not isinstance(weight, torch.Tensor):
-            count += weight().numel()
-    return count
 
 
 def as_draft_model(assistant: Any) -> PreTrainedModel:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hf_specdec.generation.cost_model import SpeculativeCosts
+from hf_specdec.generation.decisions import SpeculativeCosts
 
 
 @dataclass
@@ -30,7 +30,7 @@ class SpeculativeStats:
             lookup, the others were drafted by the model; with Medusa heads, steps in which some row's tree had
             a looked-up continuation grafted on).
         plain_steps: steps taken without drafts because drafting was not expected to pay for itself (the
-            speculation gate, `hf_specdec.generation.cost_model`).
+            speculation gate, `hf_specdec.generation.decisions`).
         draft_forwards: forward passes of a draft model or of EAGLE heads' decoder layer (0 for prompt lookup and
             Medusa heads).
         verify_widths: `{tokens per row: steps}`, how wide each verification forward was (a tree's nodes plus

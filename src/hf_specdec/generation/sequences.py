@@ -71,10 +71,8 @@ class TokenBuffer:
 
     @property
     def lagging(self) -> torch.Tensor:
-        """Which active rows are the least advanced `(active,)`: a batched call ends with its last row, so what
-        drafts are worth is what they bring these rows (rows ahead finishing sooner barely shortens the call)."""
-        lengths = self.active_lengths
-        return lengths == lengths.min()
+        """`lagging_rows` on the device `(active,)` (copied, never read back)."""
+        return torch.tensor(self.lagging_rows()).to(self.tokens.device, non_blocking=True)
 
     def write(self, offset: int, new_tokens: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         """Write `(active, m)` tokens at each active row's length + `offset`, without committing them
@@ -172,7 +170,9 @@ class TokenBuffer:
         return lengths.index(min(lengths))
 
     def lagging_rows(self) -> list[bool]:
-        """`lagging` from the host's lengths: which active rows are the least advanced."""
+        """Which active rows are the least advanced, from the host's lengths: a batched call ends with its last
+        row, so what drafts are worth is what they bring these rows (rows ahead finishing sooner barely shortens
+        the call). The one definition of the rows whose gains the adaptive decisions weigh."""
         least = self.least_advanced
         return [self.host_lengths[row] == least for row in self.active_rows]
 

@@ -18,8 +18,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.drafters.base import DrafterFactory
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.cost_model import SpeculativeCosts
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
 from hf_specdec.generation.loop import ACCEPTANCE, decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.drafter import MedusaDrafter
@@ -65,7 +64,7 @@ def medusa_decode(
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as long as the measured acceptance of its matches pays for verifying it.
         costs (`SpeculativeCosts`, *optional*): fixed costs instead of measured ones (see
-            `hf_specdec.generation.cost_model`).
+            `hf_specdec.generation.decisions`).
         streamer, generator, model_kwargs: as for [`hf_specdec.generation.loop.decode`].
 
     Returns:
@@ -73,24 +72,23 @@ def medusa_decode(
     """
     if isinstance(tree, DynamicTree) and tree.depth is None:
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
-    # The loop measures what verifying one more token costs: it decides how far a match is worth grafting, and
-    # whether a tree pays for itself at all.
-    lookup_tokens = prompt_lookup.num_tokens if prompt_lookup is not None else 1
+    # The loop measures what verifying one more token costs: it decides how far a match is worth grafting, how
+    # far a dynamic tree grows and how many of its nodes are verified, and whether a tree pays for itself at all.
+    adaptive = prompt_lookup is None or prompt_lookup.adaptive
     make_drafter: DrafterFactory
     if isinstance(heads, EagleHeads):
         if not isinstance(tree, DynamicTree):
             raise ValueError("EAGLE heads grow a tree per row and step: pass a DynamicTree.")
         # A head forward per depth has a cost (c, measured): trees stop growing where a depth does not pay.
-        meter = DraftLengthPolicy(
-            num_tokens=max(lookup_tokens, tree.depth or 1),
-            schedule="adaptive",
-            cost_ratio=_parameter_share(heads, model),
-            costs=costs,
+        cost_model = CostModel(_parameter_share(heads, model), costs)
+        make_drafter = functools.partial(
+            EagleDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup, adaptive=adaptive
         )
-        make_drafter = functools.partial(EagleDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
     else:
-        meter = DraftLengthPolicy.cost_meter(lookup_tokens, costs)
-        make_drafter = functools.partial(MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup)
+        cost_model = CostModel.verification_only(costs)
+        make_drafter = functools.partial(
+            MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup, adaptive=adaptive
+        )
     return decode(
         model,
         input_ids,
@@ -98,9 +96,9 @@ def medusa_decode(
         stopping_criteria,
         generation_config,
         make_drafter=make_drafter,
-        costs=meter,
+        costs=cost_model,
         path="`medusa=True`",
-        plain_steps=prompt_lookup is None or prompt_lookup.adaptive,
+        plain_steps=adaptive,
         acceptance=acceptance,
         typical_epsilon=typical_epsilon,
         typical_delta=typical_delta,
@@ -113,7 +111,7 @@ def medusa_decode(
 def _parameter_share(heads: DraftHeads, model: PreTrainedModel) -> float:
     """The heads' size relative to the base's, the lm_head rows they project onto included: a first guess of a
     head forward's cost, in base forwards."""
-    size = sum(p.numel() for p in heads.parameters())
+    lm_head_rows = 0
     if heads.projections is None:
-        size += heads.head_vocab_size * model.get_output_embeddings().weight.shape[1]
-    return size / max(model.num_parameters(), 1)
+        lm_head_rows = heads.head_vocab_size * model.get_output_embeddings().weight.shape[1]
+    return parameter_share(heads, model, extra=lm_head_rows)

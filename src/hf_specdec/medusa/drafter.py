@@ -7,7 +7,8 @@ import torch
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
+from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.trees.dynamic import DynamicTree
@@ -28,6 +29,8 @@ class MedusaDrafter:
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree (`hf_specdec.trees.lookup_graft`), as far as the measured acceptance of its matches pays for
             verifying it.
+        adaptive (`bool`): grow and verify a dynamic tree only as far as it pays (`tree_growth.grow_tree`);
+            otherwise whole (a static tree is always verified whole).
     """
 
     needs_hidden_states = True
@@ -38,12 +41,14 @@ class MedusaDrafter:
         heads: DraftHeads,
         tree: DraftTree | DynamicTree,
         prompt_lookup: PromptLookupDrafter | None = None,
+        adaptive: bool = True,
     ) -> None:
         if isinstance(tree, DynamicTree) and tree.depth is None:
             raise ValueError("MedusaDrafter needs a DynamicTree with a depth (generate() sets the heads' own).")
         self.heads = heads
         self.tree = tree
         self.prompt_lookup = prompt_lookup
+        self.adaptive = adaptive
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
         device = context.target.device
@@ -64,7 +69,7 @@ class MedusaDrafter:
         buffer: TokenBuffer,
         last_token: torch.Tensor,
         next_position: torch.Tensor,
-        costs: DraftLengthPolicy,
+        costs: CostModel,
         max_tokens: int,
     ) -> Proposal:
         """The heads' candidates after each row's last token (the root), with lookup's chain grafted on."""
@@ -77,10 +82,14 @@ class MedusaDrafter:
         else:
             assert isinstance(self.tree, DynamicTree)
             spec = self.tree.within(max_tokens)  # no deeper than the step can commit (nor its token buffer hold)
-            nodes, trees = self.heads.dynamic_candidates(hidden, last_token, spec, self.lm_head, self.embeddings)
-        looked_up = False
-        if self.prompt_lookup is not None:
-            nodes, trees, looked_up = self.prompt_lookup.graft(nodes, trees, buffer, next_position, costs, max_tokens)
+            expand = self.heads.expander(hidden, self.lm_head, self.embeddings)
+            grown = grow_tree(
+                spec, last_token, expand, self.heads.to_token_ids, buffer, costs if self.adaptive else None
+            )
+            nodes, trees = grown.nodes, grown.trees
+        nodes, trees, looked_up = graft_lookup(
+            nodes, trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
+        )
         return Proposal(nodes, trees, looked_up=looked_up)  # drafted: the trees' depths
 
     def commit(self, accepted: Accepted) -> None:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
-from hf_specdec.drafters.draft_tree import FrontierAncestry, growth_rule
+from hf_specdec.drafters.draft_tree import FrontierAncestry
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.draft_length import DraftLengthPolicy
+from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
+from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.eagle import EagleHeads
@@ -35,10 +36,11 @@ class EagleDrafter:
     Args:
         context (`DraftingContext`): the loop's context (the base's lm_head and embeddings are read).
         heads (`EagleHeads`): the head.
-        tree (`DynamicTree`): the tree to grow, with its depth set; with the adaptive schedule growing stops
-            early once one more depth is not expected to pay for its head forward.
+        tree (`DynamicTree`): the tree to grow, with its depth set.
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as far as the measured acceptance of its matches pays for verifying it.
+        adaptive (`bool`): grow and verify the tree only as far as it pays (`tree_growth.grow_tree`); otherwise
+            whole.
     """
 
     needs_hidden_states = True
@@ -49,10 +51,11 @@ class EagleDrafter:
         heads: EagleHeads,
         tree: DynamicTree,
         prompt_lookup: PromptLookupDrafter | None = None,
+        adaptive: bool = True,
     ) -> None:
         if tree.depth is None:
             raise ValueError("EagleDrafter needs a DynamicTree with a depth (generate() sets the heads' own).")
-        self.heads, self.tree, self.prompt_lookup = heads, tree, prompt_lookup
+        self.heads, self.tree, self.prompt_lookup, self.adaptive = heads, tree, prompt_lookup, adaptive
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
         self.device = next(heads.parameters()).device
@@ -102,7 +105,7 @@ class EagleDrafter:
         buffer: TokenBuffer,
         last_token: torch.Tensor,
         next_position: torch.Tensor,
-        costs: DraftLengthPolicy,
+        costs: CostModel,
         max_tokens: int,
     ) -> Proposal:
         """Feed the pending entries, then grow each row's tree from its last token, no deeper than `max_tokens`
@@ -149,12 +152,12 @@ class EagleDrafter:
             logits = self.heads.project(frontier, self.lm_head).float()
             return torch.log_softmax(logits, dim=-1).to(target_device)
 
-        grown = spec.grow_pool(last_token, expand, self.heads.to_token_ids, growth_rule(costs, buffer.lagging, rows))
-        nodes, trees, _ = grown.select(spec.num_nodes)
-        looked_up = False
-        if self.prompt_lookup is not None:
-            nodes, trees, looked_up = self.prompt_lookup.graft(nodes, trees, buffer, next_position, costs, max_tokens)
-        return Proposal(nodes, trees, forwards=len(grown.frontiers), looked_up=looked_up)
+        adaptive = costs if self.adaptive else None
+        grown = grow_tree(spec, last_token, expand, self.heads.to_token_ids, buffer, adaptive)
+        nodes, trees, looked_up = graft_lookup(
+            grown.nodes, grown.trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
+        )
+        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up)
 
     def commit(self, accepted: Accepted) -> None:
         """Drop the drafted nodes' entries; the accepted path's nodes become pending, with the base's features."""

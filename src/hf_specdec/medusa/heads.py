@@ -8,8 +8,7 @@ from torch import nn
 from torch.nn import functional
 
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids, vocab_index
-from hf_specdec.trees.dynamic import DynamicTree, Expander
-from hf_specdec.trees.row_trees import RowTrees
+from hf_specdec.trees.dynamic import Expander
 from hf_specdec.trees.static import DraftTree
 
 
@@ -190,18 +189,6 @@ class DraftHeads(nn.Module):
         """The next-token log-probabilities after a frontier of nodes, depth by depth, for growing a
         [`DynamicTree`] from the base's last hidden state `hidden` `(batch, hidden)` (see `Expander`)."""
         raise NotImplementedError
-
-    def dynamic_candidates(
-        self,
-        hidden: torch.Tensor,
-        root: torch.Tensor,
-        spec: DynamicTree,
-        lm_head: nn.Module,
-        embeddings: nn.Module,
-    ) -> tuple[torch.Tensor, RowTrees]:
-        """Every row's tree for this step, grown from the heads' probabilities: `(nodes, trees)`, the token of
-        every node `(batch, spec.num_nodes + 1)` (the root, `root`, first) and the trees' structure."""
-        return spec.grow(root, self.expander(hidden, lm_head, embeddings), self.to_token_ids)
 
 
 class MedusaHeads(DraftHeads):

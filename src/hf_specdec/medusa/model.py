@@ -24,7 +24,7 @@ from hf_specdec.generation.arguments import (
     with_stop_strings,
     withhold,
 )
-from hf_specdec.generation.cost_model import SpeculativeCosts
+from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments
 from hf_specdec.generation.validation import check_rollback, output_vocab_size
 from hf_specdec.medusa.card import model_card
@@ -378,7 +378,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 distribution stays exact), with `"constant"` the whole match.
             speculative_costs (`SpeculativeCosts`): fixed costs instead of measured ones (for prompt lookup in the
                 tree, and for the choice between a tree and a plain step), for bitwise-reproducible seeded
-                sampling (see `hf_specdec.generation.cost_model`).
+                sampling (see `hf_specdec.generation.decisions`).
 
         Raises:
             `ValueError`: with `medusa=True`, for `cache=` or `past_key_values=` (the heads' decoding builds and rolls

@@ -22,7 +22,7 @@ def graft_chains(
 
     Args:
         nodes (`torch.LongTensor` of shape `(batch, nodes)`): the token of every node, the root first.
-        trees (`RowTrees`): their structure, without padding.
+        trees (`RowTrees`): their structure (padding nodes, which are never tried, stay padding).
         chains (`torch.LongTensor` of shape `(batch, k)`): per row, the tokens to follow the root, in order.
         lengths (`torch.LongTensor` of shape `(batch,)`): how many of `chains[b]` row b grafts.
 
@@ -33,27 +33,27 @@ def graft_chains(
     """
     if not bool((lengths > 0).any()):
         return nodes, trees
-    if not bool(trees.real.all()):
-        raise ValueError("Graft onto trees without padding.")
     device = nodes.device
-    all_tokens, all_parents = [], []
-    for row_tokens, row_parents, chain, length in zip(
-        nodes.tolist(), trees.parents.tolist(), chains.tolist(), lengths.tolist(), strict=True
+    all_tokens, all_parents, all_real = [], [], []
+    for row_tokens, row_parents, row_real, chain, length in zip(
+        nodes.tolist(), trees.parents.tolist(), trees.real.tolist(), chains.tolist(), lengths.tolist(), strict=True
     ):
-        pairs = enumerate(zip(row_parents, row_tokens, strict=True))
-        child = {(parent, token): node for node, (parent, token) in pairs if node}  # (parent, token) -> node
+        pairs = enumerate(zip(row_parents, row_tokens, row_real, strict=True))
+        child = {(parent, token): node for node, (parent, token, real) in pairs if node and real}  # -> node
         at = 0
         for token in chain[:length]:
             found = child.get((at, token))
             if found is None:
                 row_tokens.append(token)
                 row_parents.append(at)
+                row_real.append(True)
                 found = child[(at, token)] = len(row_tokens) - 1
             at = found
         all_tokens.append(row_tokens)
         all_parents.append(row_parents)
+        all_real.append(row_real)
     width = max(len(t) for t in all_tokens)
-    real = torch.tensor([[i < len(t) for i in range(width)] for t in all_tokens], device=device)
+    real = torch.tensor([r + [False] * (width - len(r)) for r in all_real], device=device)
     tokens = torch.tensor([t + [t[0]] * (width - len(t)) for t in all_tokens], device=device)  # padding: any token
     parents = torch.tensor([p + [0] * (width - len(p)) for p in all_parents], device=device)
     return tokens, RowTrees.from_parents(parents, real, validate=False)  # parents appended before children

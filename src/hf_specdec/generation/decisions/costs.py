@@ -1,9 +1,9 @@
-"""What a speculative step costs, in plain decoding steps, and whether it pays for itself.
+"""What a speculative step costs, in plain decoding steps: `CostModel`, the one cost model every decision weighs.
 
 Two costs decide every adaptive choice, both in units of one plain decoding step (a target forward over one
 token per row):
 
-- `c`, one draft-model forward;
+- `c`, one draft forward (a draft model's, or a head's for EAGLE heads; 0 for drafters that run no model);
 - `v`, one more verified token (verification time grows with rows x tokens once the hardware is busy: on a
   GPU it barely grows up to dozens of tokens, on a CPU it grows almost from the first).
 
@@ -14,43 +14,19 @@ work) is compared with a plain step. Or it holds them fixed (`SpeculativeCosts`,
 earlier run measured, returned in `SpeculativeStats.costs`): every decision is then a function of the tokens
 alone, so seeded sampling is reproducible.
 
-Every adaptive length rule (a chain's next draft, a tree's next depth, a lookup's width) weighs what one more
-drafted token is expected to bring against what it costs, and asks for more than break-even: a step's time could
-instead go to steps of the kind recent ones were, which brought `rate` tokens per plain step's worth of time
-(`CostModel.rate`, at least 1: a plain step brings one). Drafting one more token pays when its expected gain is at
-least `rate` times its cost (`CostModel.draft_threshold`): the rule that maximises tokens per second over many
-steps (the ratio of expected tokens to expected time; Dinkelbach's method for a ratio, the current rate standing
-for the best one). Break-even (gain >= cost) would keep drafting where one more token brings less per second
-than the step already does (Qwen2.5-Coder 1.5B/0.5B at batch 1 on a CPU, where a draft forward costs 45% of a
-target one: chains drafted 3.97 tokens a step, 79-89% of them accepted, against 3.25 and 87-92% now, for the same
-speed; docs/benchmarks.md, session 14).
-
-`SpeculationGate` uses the model to decide, step by step, between a speculative step and a plain one-token
-step: a drafter's step advances the batch's least advanced row by `g` tokens (a batched call ends with its
-last row, so rows ahead of it finishing sooner barely shortens it) and costs `C` plain steps of the same rows.
-When `g` falls clearly below `C` on average over recent steps (below 80% of it: at batch 4 on a CPU, verifying
-several tokens per row can cost more than the drafts bring), the loop takes plain steps instead, and tries
-drafting again after a while (sooner when it last paid), since what drafts bring changes with the text (a
-reply that starts quoting its prompt) and what verification costs changes with the rows left in the batch.
-Near break-even drafting goes on: a plain step learns nothing about the text and would miss the easy stretch
-that follows. A plain step of each batch size is measured once before it is compared with.
+It also keeps the rate recent steps brought (tokens per plain step's worth of time, at least 1: what a plain step
+brings), against which one more drafted token is weighed (`CostModel.pays`, see `hf_specdec.generation.decisions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Weight of the newest measurement in running estimates (the draft/target cost ratio; tokens and costs of
-# speculative steps; the time of plain steps).
-_SMOOTHING = 0.2
-_STEP_SMOOTHING = 0.3
-# After a speculative step that did not pay, the gate takes this many plain steps before trying again, doubling
-# each time a retry does not pay either, up to the most.
-_FIRST_PATIENCE = 2
-_MOST_PATIENCE = 32
-# Drafting stops only when it clearly loses: recent steps brought less than this share of what they cost. Near
-# break-even it goes on (a plain step learns nothing about the text, and misses the easy stretch that follows).
-_CLEAR_LOSS = 0.8
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from hf_specdec.generation.decisions.constants import COST_SMOOTHING, STEP_SMOOTHING, VERIFY_LINE_DECAY
 
 
 @dataclass(frozen=True)
@@ -74,7 +50,7 @@ class SpeculativeCosts:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
                 raise ValueError(f"SpeculativeCosts.{name} is a non-negative number of target forwards, got {value!r}.")
 
-    def step(self, draft_forwards: int, rows: int, verified_per_row: int) -> float:
+    def step(self, draft_forwards: float, rows: int, verified_per_row: float) -> float:
         """A step's predicted cost in plain steps: its draft forwards, then verifying `verified_per_row` tokens
         for each of `rows` rows (one per row is a plain step)."""
         return self.draft_forward * draft_forwards + 1.0 + self.verify_per_token * rows * (verified_per_row - 1)
@@ -102,6 +78,12 @@ class CostModel:
         self._cost: float | None = None  # their cost in plain steps
         self._all_gain: float | None = None  # the same over every step, plain ones included (1 token, 1 step)
         self._all_cost: float | None = None
+
+    @classmethod
+    def verification_only(cls, fixed: SpeculativeCosts | None = None) -> CostModel:
+        """The cost model of drafters that run no model (prompt lookup, Medusa heads): no draft forward to pay
+        for (c = 0); `fixed`'s `verify_per_token` instead of measuring it."""
+        return cls(0.0, None if fixed is None else SpeculativeCosts(0.0, fixed.verify_per_token))
 
     @property
     def draft_forward(self) -> float:
@@ -132,12 +114,7 @@ class CostModel:
         self._verify_per_token = per_token / one_token
         if draft_forwards > 0:
             ratio = draft_seconds / draft_forwards / one_token
-            self._draft_forward += _SMOOTHING * (ratio - self._draft_forward)
-
-    def extra_draft(self, rows: int) -> float:
-        """What drafting one more token per row costs, in plain steps: a draft forward (`c`) and one more
-        verified token in each of `rows` rows (`v * rows`)."""
-        return self._draft_forward + self._verify_per_token * rows
+            self._draft_forward += COST_SMOOTHING * (ratio - self._draft_forward)
 
     def observe_step(self, gained: float, cost: float, speculative: bool = True) -> None:
         """A step gave the least advanced row `gained` tokens and cost `cost` plain steps; `speculative`: it
@@ -164,15 +141,21 @@ class CostModel:
             return 1.0
         return max(1.0, self._all_gain / self._all_cost)
 
-    def draft_threshold(self, rows: int) -> float:
-        """The least expected gain, in tokens per row, that pays for drafting one more token per row with a
-        draft model: its cost in plain steps (`extra_draft`) times `rate`."""
-        return self.rate * self.extra_draft(rows)
+    def threshold(self, rows: int, draft_forwards: int = 0) -> float:
+        """The least expected gain, in tokens per row, that pays for drafting one more token per row (or one
+        more tree node, or depth): what it costs in plain steps, `draft_forwards` draft forwards (`c` each) and one
+        more verified token in each of `rows` rows (`v * rows`), times `rate` (the module's docstring of
+        `hf_specdec.generation.decisions`)."""
+        return self.rate * (self._draft_forward * draft_forwards + self._verify_per_token * rows)
 
-    def verify_threshold(self, rows: int) -> float:
-        """The least expected gain, in tokens per row, that pays for verifying one more token per row (a drafter
-        that runs no model, as prompt lookup): `v * rows` times `rate`."""
-        return self.rate * self._verify_per_token * rows
+    def pays(self, gain: float, rows: int, draft_forwards: int = 0) -> bool:
+        """Whether one more drafted token per row (or tree node, or depth) that is expected to bring `gain`
+        tokens per row pays for itself: the one question every adaptive rule asks (`threshold`)."""
+        return gain >= self.threshold(rows, draft_forwards)
+
+    def step(self, draft_forwards: float, rows: int, verified_per_row: float) -> float:
+        """A step's predicted cost in plain steps, from the costs in use (`SpeculativeCosts.step`)."""
+        return self.estimated.step(draft_forwards, rows, verified_per_row)
 
     def observe_plain(self, seconds: float, rows: int) -> None:
         """A plain step (one token per row) of `rows` rows took `seconds`, all of the step's work included."""
@@ -195,79 +178,24 @@ class CostModel:
         if plain is None:  # not measured yet: the fitted verification of one token per row
             plain = self._verify.predict(rows)
         if plain is None:  # no line yet either: this step's verification stands for a plain forward
-            plain = verify_seconds / (1.0 + self._verify_per_token * rows * (verified_per_row - 1))
+            plain = verify_seconds / SpeculativeCosts(0.0, self._verify_per_token).step(0, rows, verified_per_row)
         return seconds / plain if plain > 0 else 1.0
-
-
-class SpeculationGate:
-    """Decides, step by step, whether to draft or to take a plain one-token step (see the module's docstring).
-
-    Args:
-        costs (`CostModel`): the loop's cost model.
-        enabled (`bool`): when `False`, every step drafts (the gate only measures).
-    """
-
-    def __init__(self, costs: CostModel, enabled: bool = True) -> None:
-        self.costs = costs
-        self.enabled = enabled
-        self._patience = _FIRST_PATIENCE
-        self._wait = 0  # plain steps left before drafting again
-        self.plain_steps = 0
-
-    def speculate(self, rows: int) -> bool:
-        """Whether the next step of `rows` rows drafts (else the loop verifies each row's last token alone)."""
-        explore = self.enabled and self.costs.step_rate is not None and not self.costs.knows_plain(rows)
-        if self._wait > 0 or explore:  # explore: after a first step that drafted, measure one plain step
-            self._wait = max(self._wait - 1, 0)
-            self.plain_steps += 1
-            return False
-        return True
-
-    def observe(
-        self,
-        gained: float,
-        seconds: float,
-        draft_forwards: int,
-        rows: int,
-        verified_per_row: int,
-        verify_seconds: float,
-    ) -> None:
-        """Record a step: the least advanced row gained `gained` tokens; the step (drafting, verification and the
-        loop's work) took `seconds`, with `draft_forwards` draft forwards and `verified_per_row` tokens verified
-        per row, of which `verify_seconds` verifying. A step in which no row drafted (the gate's plain steps, or
-        a drafter that found nothing) is a plain step: it measures what plain steps take."""
-        if verified_per_row <= 1:
-            self.costs.observe_plain(seconds, rows)
-            self.costs.observe_step(gained, 1.0, speculative=False)
-            return
-        self.costs.observe_step(
-            gained, self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
-        )
-        step_rate = self.costs.step_rate
-        assert step_rate is not None
-        if step_rate >= _CLEAR_LOSS or not self.enabled:
-            self._patience = _FIRST_PATIENCE
-        else:  # drafting lost: plain steps for a while, and longer each time it loses again
-            self._wait = self._patience
-            self._patience = min(2 * self._patience, _MOST_PATIENCE)
 
 
 def _smooth(mean: float | None, value: float) -> float:
     """A running mean of recent steps (the first value, then exponentially weighted)."""
-    return value if mean is None else mean + _STEP_SMOOTHING * (value - mean)
+    return value if mean is None else mean + STEP_SMOOTHING * (value - mean)
 
 
 class _VerifyLine:
     """Verification time as a line in the number of verified tokens, fitted by exponentially weighted
     least squares (recent steps count more: the machine's load drifts)."""
 
-    _DECAY = 0.9
-
     def __init__(self) -> None:
         self._w = self._x = self._y = self._xx = self._xy = 0.0
 
     def add(self, tokens: int, seconds: float) -> None:
-        d = self._DECAY
+        d = VERIFY_LINE_DECAY
         self._w = d * self._w + 1.0
         self._x = d * self._x + tokens
         self._y = d * self._y + seconds
@@ -289,3 +217,21 @@ class _VerifyLine:
         mean_x, mean_y = self._x / self._w, self._y / self._w
         fitted = mean_y + self.slope * (tokens - mean_x)
         return fitted if fitted > 0 else None
+
+
+def parameter_share(draft: nn.Module, target: PreTrainedModel, extra: int = 0) -> float:
+    """The draft's size relative to the target's (plus `extra` weights it reads, such as the target's lm_head rows
+    that heads project onto): the first guess of `c`, a draft forward's cost, when decoding is bound by reading
+    the weights."""
+    return (weight_count(draft) + extra) / max(weight_count(target), 1)
+
+
+def weight_count(model: nn.Module) -> int:
+    """The module's parameters, counting the weights quantised layers pack away from `parameters()` (torch's
+    dynamically quantised `Linear` keeps them behind a `weight()` method)."""
+    count = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if callable(weight) and not isinstance(weight, torch.Tensor):
+            count += weight().numel()
+    return count

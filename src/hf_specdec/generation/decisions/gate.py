@@ -1,0 +1,68 @@
+"""Whether a step drafts at all: `SpeculationGate`.
+
+A drafter's step advances the batch's least advanced row by `g` tokens (a batched call ends with its last row, so
+rows ahead of it finishing sooner barely shortens it) and costs `C` plain steps of the same rows. When `g` falls
+clearly below `C` on average over recent steps (`CLEAR_LOSS`), the loop takes plain one-token steps instead, and
+tries drafting again after a while (sooner when it last paid), since what drafts bring changes with the text (a
+reply that starts quoting its prompt) and what verification costs changes with the rows left in the batch.
+Near break-even drafting goes on: a plain step learns nothing about the text and would miss the easy stretch
+that follows. A plain step of each batch size is measured once before it is compared with.
+"""
+
+from __future__ import annotations
+
+from hf_specdec.generation.decisions.constants import CLEAR_LOSS, FIRST_PATIENCE, MOST_PATIENCE
+from hf_specdec.generation.decisions.costs import CostModel
+
+
+class SpeculationGate:
+    """Decides, step by step, whether to draft or to take a plain one-token step (see the module's docstring).
+
+    Args:
+        costs (`CostModel`): the loop's cost model.
+        enabled (`bool`): when `False`, every step drafts (the gate only measures).
+    """
+
+    def __init__(self, costs: CostModel, enabled: bool = True) -> None:
+        self.costs = costs
+        self.enabled = enabled
+        self._patience = FIRST_PATIENCE
+        self._wait = 0  # plain steps left before drafting again
+        self.plain_steps = 0
+
+    def speculate(self, rows: int) -> bool:
+        """Whether the next step of `rows` rows drafts (else the loop verifies each row's last token alone)."""
+        explore = self.enabled and self.costs.step_rate is not None and not self.costs.knows_plain(rows)
+        if self._wait > 0 or explore:  # explore: after a first step that drafted, measure one plain step
+            self._wait = max(self._wait - 1, 0)
+            self.plain_steps += 1
+            return False
+        return True
+
+    def observe(
+        self,
+        gained: float,
+        seconds: float,
+        draft_forwards: int,
+        rows: int,
+        verified_per_row: int,
+        verify_seconds: float,
+    ) -> None:
+        """Record a step: the least advanced row gained `gained` tokens; the step (drafting, verification and the
+        loop's work) took `seconds`, with `draft_forwards` draft forwards and `verified_per_row` tokens verified
+        per row, of which `verify_seconds` verifying. A step in which no row drafted (the gate's plain steps, or
+        a drafter that found nothing) is a plain step: it measures what plain steps take."""
+        if verified_per_row <= 1:
+            self.costs.observe_plain(seconds, rows)
+            self.costs.observe_step(gained, 1.0, speculative=False)
+            return
+        self.costs.observe_step(
+            gained, self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
+        )
+        step_rate = self.costs.step_rate
+        assert step_rate is not None
+        if step_rate >= CLEAR_LOSS or not self.enabled:
+            self._patience = FIRST_PATIENCE
+        else:  # drafting lost: plain steps for a while, and longer each time it loses again
+            self._wait = self._patience
+            self._patience = min(2 * self._patience, MOST_PATIENCE)
