@@ -73,12 +73,14 @@ def _run(path: str, batch: int) -> tuple[int, int, int]:
     )
     draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
     forwards = _count_draft_forwards(draft)
-    if path in ("medusa", "eagle"):
+    if path.startswith(("medusa", "eagle")):
+        head_type = path.split()[0]
         model = MedusaForCausalLM.from_base(
-            tiny_model("llama", seed=0, sharpen=4.0), MedusaConfig(num_heads=3, head_type=path)
+            tiny_model("llama", seed=0, sharpen=4.0), MedusaConfig(num_heads=3, head_type=head_type)
         )
-        forwards = _count_draft_forwards(model.heads.decoder if path == "eagle" else model.heads)
-        call = lambda: model.generate(**common, medusa=True)  # noqa: E731
+        forwards = _count_draft_forwards(model.heads.decoder if head_type == "eagle" else model.heads)
+        lookup = {"prompt_lookup_num_tokens": 4} if path.endswith("lookup") else {}
+        call = lambda: model.generate(**common, medusa=True, **lookup)  # noqa: E731
     else:
         target = tiny_target("llama")
         constant = dict(assistant=draft, num_assistant_tokens=4, num_assistant_tokens_schedule="constant")
@@ -87,6 +89,7 @@ def _run(path: str, batch: int) -> tuple[int, int, int]:
             "assistant constant sampled": constant,
             "assistant adaptive": dict(assistant=draft),
             "draft tree": dict(assistant=draft, tree=8),
+            "draft tree lookup": dict(assistant=draft, tree=8, prompt_lookup_num_tokens=4),
             "lookup": dict(prompt_lookup_num_tokens=4),
             "hybrid": dict(assistant=draft, prompt_lookup_num_tokens=4),
         }[path]
@@ -101,7 +104,7 @@ def _run(path: str, batch: int) -> tuple[int, int, int]:
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
     "path",
-    ["assistant constant", "assistant constant sampled", "lookup", "medusa"],
+    ["assistant constant", "assistant constant sampled", "lookup", "medusa", "medusa lookup"],
 )
 def test_a_step_reads_the_device_at_most_twice(path: str, batch: int) -> None:
     reads, steps, _ = _run(path, batch)
@@ -110,7 +113,9 @@ def test_a_step_reads_the_device_at_most_twice(path: str, batch: int) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("path", ["assistant adaptive", "draft tree", "hybrid", "eagle"])
+@pytest.mark.parametrize(
+    "path", ["assistant adaptive", "draft tree", "draft tree lookup", "hybrid", "eagle", "eagle lookup"]
+)
 def test_drafting_that_stops_on_what_it_drafted_reads_once_more_per_draft_forward(path: str, batch: int) -> None:
     reads, steps, draft_forwards = _run(path, batch)
     assert steps > 5 and draft_forwards > 0

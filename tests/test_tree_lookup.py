@@ -23,19 +23,20 @@ def test_graft_by_hand() -> None:
     chains = torch.tensor([[4, 7, 8], [5, 0, 0], [1, 2, 3]])
     lengths = torch.tensor([3, 1, 0])
     grafted, out = graft_chains(nodes, trees, chains, lengths)
-    # Row 0 shares node 1 (token 4), then branches off: 7 under node 1 beside node 3, and 8 under 7.
-    assert grafted[0].tolist() == [9, 4, 5, 6, 7, 8]
-    assert out.parents[0].tolist() == [-1, 0, 0, 1, 1, 4]
-    assert out.children[0, 1].tolist()[:2] == [3, 4]  # the heads' own child is tried first
-    assert out.real[0].all()
-    # Row 1's whole chain is already in the tree; row 2 looks nothing up: both are padded to 6 nodes.
-    assert out.parents[1].tolist() == [-1, 0, 0, 1, 0, 0] and out.real[1].tolist() == [True] * 4 + [False] * 2
-    assert out.parents[2].tolist() == [-1, 0, 0, 1, 0, 0] and out.real[2].tolist() == [True] * 4 + [False] * 2
+    # Three slots, one per chain position. Row 0 shares node 1 (token 4: slot 4 is padding), then branches off: 7
+    # under node 1 beside node 3 (slot 5), and 8 under 7 (slot 6).
+    assert grafted[0].tolist() == [9, 4, 5, 6, 4, 7, 8]
+    assert out.parents[0].tolist() == [-1, 0, 0, 1, 0, 1, 5]
+    assert out.children[0, 1].tolist()[:2] == [3, 5]  # the heads' own child is tried first
+    assert out.real[0].tolist() == [True] * 4 + [False, True, True]
+    # Row 1's whole chain is already in the tree; row 2 looks nothing up: their slots are padding.
+    assert out.parents[1].tolist() == [-1, 0, 0, 1, 0, 0, 0] and out.real[1].tolist() == [True] * 4 + [False] * 3
+    assert out.parents[2].tolist() == [-1, 0, 0, 1, 0, 0, 0] and out.real[2].tolist() == [True] * 4 + [False] * 3
     assert out.children[1, 0].tolist()[:2] == [1, 2] and (out.children[1, 0, 2:] == -1).all()
     # Padding is never accepted, even where its token is what the target wants.
-    predicted = torch.tensor([[4, 7, 0, 0, 8, 0], [9, 0, 0, 0, 0, 0], [9, 0, 0, 0, 0, 0]])
+    predicted = torch.tensor([[4, 7, 0, 0, 0, 8, 0], [9, 0, 0, 0, 0, 0, 0], [9, 0, 0, 0, 0, 0, 0]])
     node, num_accepted, _ = greedy_accept_tree(grafted, torch.nn.functional.one_hot(predicted, 10).float(), out)
-    assert node.tolist() == [5, 0, 0] and num_accepted.tolist() == [3, 0, 0]
+    assert node.tolist() == [6, 0, 0] and num_accepted.tolist() == [3, 0, 0]
 
 
 def test_nothing_to_graft_keeps_the_tree() -> None:
@@ -112,7 +113,7 @@ def test_rows_that_stop_early_leave_the_batch() -> None:
 
 def test_padding_stays_padding_when_a_chain_is_grafted() -> None:
     """Node 2 is padding (never tried): a chain through its token gets a real node of its own, and node 2 stays
-    padding; the shorter row is padded after its own nodes."""
+    padding; a slot a row's chain does not need is padding too."""
     trees = RowTrees.from_parents(
         torch.tensor([[-1, 0, 0], [-1, 0, 0]]), torch.tensor([[True, True, False], [True, True, True]])
     )
@@ -120,7 +121,7 @@ def test_padding_stays_padding_when_a_chain_is_grafted() -> None:
     grafted, out = graft_chains(nodes, trees, torch.tensor([[3, 5], [2, 6]]), torch.tensor([2, 2]))
     assert grafted[0, :5].tolist() == [1, 2, 3, 3, 5] and out.parents[0].tolist() == [-1, 0, 0, 0, 3]
     assert out.real[0].tolist() == [True, True, False, True, True]
-    assert out.parents[1, :4].tolist() == [-1, 0, 0, 1] and out.real[1].tolist() == [True, True, True, True, False]
+    assert out.parents[1].tolist() == [-1, 0, 0, 0, 1] and out.real[1].tolist() == [True, True, True, False, True]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ A chain of k drafts is the tree `[[0], [0, 0], ...]` with one child per node.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ class DraftTree:
     ancestors: torch.Tensor = field(init=False, repr=False, compare=False)
     paths: torch.Tensor = field(init=False, repr=False, compare=False)
     children: torch.Tensor = field(init=False, repr=False, compare=False)
+    _structure: RowTrees = field(init=False, repr=False, compare=False)
 
     def __init__(self, choices: list[list[int]] | tuple[tuple[int, ...], ...]) -> None:
         normalized = _validate(choices)
@@ -52,13 +54,18 @@ class DraftTree:
         parents = [-1] + [index.get(path[:-1], 0) for path in ordered]
         depths = [0] + [len(path) for path in ordered]
         ranks = [0] + [path[-1] for path in ordered]
-        # The structure verification needs, computed as for any per-row tree (one row here).
-        structure = RowTrees.from_parents(torch.tensor([parents]))
+        # The structure verification needs, computed as for any per-row tree (one row here), with the sizes known
+        # here so that nothing is read back.
+        structure = RowTrees.from_parents(
+            torch.tensor([parents]), validate=False, max_depth=max(depths), max_children=_most_children(parents)
+        )
+        leaves = sorted(set(range(len(parents))) - set(parents))
+        object.__setattr__(self, "_structure", structure)
         object.__setattr__(self, "parents", torch.tensor(parents))
         object.__setattr__(self, "depths", torch.tensor(depths))
         object.__setattr__(self, "ranks", torch.tensor(ranks))
         object.__setattr__(self, "ancestors", structure.ancestors[0])
-        object.__setattr__(self, "paths", structure.paths[0][structure.leaves[0]])  # leaves in node order
+        object.__setattr__(self, "paths", structure.paths[0][torch.tensor(leaves)])  # leaves in node order
         object.__setattr__(self, "children", structure.children[0])  # siblings in rank order: nodes are sorted
 
     @classmethod
@@ -71,7 +78,7 @@ class DraftTree:
     def row_trees(self, device: torch.device | str = "cpu") -> RowTrees:
         """This tree's structure as verification needs it, with a batch dimension of one (see
         [`RowTrees.expand`])."""
-        return RowTrees.from_parents(self.parents[None].to(device))
+        return RowTrees(*(t.to(device) for t in self._structure._tensors()))
 
     @property
     def num_nodes(self) -> int:
@@ -192,3 +199,8 @@ def typical_accuracies(num_heads: int) -> list[list[float]]:
     """Per-rank accuracies of typical trained heads (the presets' model), for at most as many heads as known."""
     depth = min(num_heads, len(_TYPICAL_TOP1))
     return [[top1 * 0.45**rank for rank in range(8)] for top1 in _TYPICAL_TOP1[:depth]]
+
+
+def _most_children(parents: list[int]) -> int:
+    """The most children any node of a tree given by its parent pointers has (at least one)."""
+    return max(Counter(parents[1:]).values(), default=1)
