@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hf_specdec import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
-from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_tree
+from hf_specdec.drafters.base import chain_proposal
+from hf_specdec.generation.acceptance import greedy_accept_chain, greedy_accept_tree, sample_accept_tree
 from hf_specdec.trees.row_trees import RowTrees
 
 
@@ -179,3 +182,25 @@ def test_half_precision_probabilities_are_handled_in_float32() -> None:
     half = speculative_sampling(drafts, q, p, torch.Generator().manual_seed(4))
     single = speculative_sampling(drafts, q.float(), p.float(), torch.Generator().manual_seed(4))
     assert torch.equal(half[0], single[0]) and torch.equal(half[1], single[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.integers(1, 4),
+    k=st.integers(0, 6),
+    vocab=st.integers(2, 5),
+    seed=st.integers(0, 10**6),
+    ragged=st.booleans(),
+)
+def test_the_chain_rule_agrees_with_the_tree_rule_on_chains(
+    batch: int, k: int, vocab: int, seed: int, ragged: bool
+) -> None:
+    """Greedy acceptance of chains (their own, shorter rule) is the tree rule's on every chain, filler included."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, k), generator=generator)
+    lengths = torch.randint(0, k + 1, (batch,), generator=generator) if ragged else None
+    proposal = chain_proposal(torch.randint(0, vocab, (batch,), generator=generator), tokens, lengths=lengths)
+    scores = torch.randn(batch, k + 1, vocab, generator=generator)
+    chain = greedy_accept_chain(proposal.nodes, scores, proposal.trees)
+    tree = greedy_accept_tree(proposal.nodes, scores, proposal.trees)
+    assert all(torch.equal(a, b) for a, b in zip(chain, tree, strict=True))

@@ -36,8 +36,9 @@ class Proposal(NamedTuple):
             node from which a drafter drew its children (rows of nodes without children may be left off the
             end); `None` for greedy decoding and for drafters that propose with certainty (prompt lookup,
             Medusa heads, a draft model's trees: each child a point mass).
-        drafted (`torch.LongTensor` of shape `(active,)`, *optional*): tokens drafted per row, for the statistics
-            (a chain's length); `None` for a tree: its depth, the most tokens a step can accept from it.
+        drafted (`torch.LongTensor` of shape `(active,)` or `int`, *optional*): tokens drafted per row (or by every
+            row), for the statistics (a chain's length); `None` for a tree: its depth, the most tokens a step can
+            accept from it.
         forwards (`int`): draft-model forward passes the proposal took (0 for a lookup or heads).
         looked_up (`bool`): whether prompt lookup drafted any of it (for the statistics).
         chain (`bool`): every row's tree is a chain numbered in order, so an accepted path is a prefix of the
@@ -47,7 +48,7 @@ class Proposal(NamedTuple):
     nodes: torch.Tensor
     trees: RowTrees
     q: torch.Tensor | None = None
-    drafted: torch.Tensor | None = None
+    drafted: torch.Tensor | int | None = None
     forwards: int = 0
     looked_up: bool = False
     chain: bool = False
@@ -179,8 +180,8 @@ def chain_proposal(
     """
     batch, k = tokens.shape
     nodes = torch.cat([last_token[:, None].to(tokens.device), tokens], dim=1)  # (A, k+1)
-    trees = RowTrees.chain(k + 1, tokens.device).expand(batch)
-    drafted = torch.full((batch,), k, dtype=torch.long, device=tokens.device) if lengths is None else lengths
+    trees = RowTrees.chain(k + 1, tokens.device, batch)
+    drafted = k if lengths is None else lengths
     if lengths is not None:  # filler after a row's own drafts: padding, tried by no rule
         real = trees.depths <= lengths[:, None]  # (A, k+1)
         children = torch.where(trees.depths[..., None] < lengths[:, None, None], trees.children, -1)  # (A, k+1, 1)

@@ -162,6 +162,8 @@ class DraftModelDrafter(ChainDrafter):
 
     def _embeddable(self, ids: torch.Tensor) -> torch.Tensor:
         """`ids` with those the draft has no embedding for replaced by 0."""
+        if self.num_embeddings >= self.target_vocab_size:  # every id the target has
+            return ids
         return ids.masked_fill(ids >= self.num_embeddings, 0)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -181,8 +183,8 @@ class DraftModelDrafter(ChainDrafter):
     def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
         """Draft up to `schedule.current` tokens (and at most `max_tokens`, at least one) for every active row.
 
-        Each drafted token is written into `buffer` right after the row's committed tokens (not committed):
-        the logits processors of the next draft position, and of verification, read it there as prefix.
+        Where the logits processors read the prefix, each drafted token is written into `buffer` right after the
+        row's committed tokens (not committed): the processors of the next draft position read it there.
 
         Args:
             buffer (`TokenBuffer`): committed tokens of every row.
@@ -202,7 +204,8 @@ class DraftModelDrafter(ChainDrafter):
         num_tokens = min(max(1, min(policy.current, max_tokens)), room)
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
-        ids, valid, positions = self._pending_inputs(next_position, last_position)
+        ids, pending_valid, positions = self._pending_inputs(next_position, last_position)
+        valid: torch.Tensor | None = pending_valid  # then None: the draft's own tokens are all real
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         self._fed = self._pending_width
@@ -213,6 +216,10 @@ class DraftModelDrafter(ChainDrafter):
         # bookkeeping (and the device waits it costs) is skipped.
         track = self.scores_fewer_ids or not self.processors.prefix_free
         lengths = torch.full((ids.shape[0],), num_tokens, dtype=torch.long, device=target_device)
+        lengths_now = buffer.active_lengths
+        # Where the draft's own tokens go: drafted token j at the position after it (all of them real).
+        own_positions = next_position.to(self.device)[:, None] + torch.arange(num_tokens, device=self.device)
+        own_positions = own_positions.clamp_max(last_position)
         for j in range(num_tokens):
             outputs = self.seq.forward(
                 self._embeddable(ids), valid, positions, chain_structure(ids.shape[1], self.device), 1
@@ -221,7 +228,7 @@ class DraftModelDrafter(ChainDrafter):
             if track:
                 scores, lengths = self._score_drafting_rows(buffer, logits, lengths, j)
             else:
-                scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, logits)[:, 0]
+                scores = self.processors(buffer, buffer.active, lengths_now + j, logits)[:, 0]
             if self.do_sample:
                 q = draft_distribution(scores)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
@@ -229,9 +236,10 @@ class DraftModelDrafter(ChainDrafter):
             else:
                 token = scores.argmax(dim=-1)
             tokens.append(token)
-            buffer.write(j, token[:, None])
+            if not self.processors.prefix_free:  # the next position's processors read it as prefix
+                buffer.write(j, token[:, None])
             if track:  # plain decoding scores nothing after an EOS, nor past the length limit
-                ended = buffer.active_lengths + j + 1 >= buffer.max_length
+                ended = lengths_now + j + 1 >= buffer.max_length
                 if buffer.eos is not None:
                     ended |= torch.isin(token, buffer.eos)
                 lengths = torch.where(ended, lengths.clamp_max(j + 1), lengths)
@@ -243,9 +251,7 @@ class DraftModelDrafter(ChainDrafter):
                     confidence = confidence.masked_fill((lengths <= j)[:, None], 0.0)
                 if policy.should_stop(confidence, costs):
                     break
-            ids = token[:, None].to(self.device)
-            valid = torch.ones_like(ids, dtype=torch.bool)
-            positions = (next_position.to(self.device)[:, None] + j).clamp_max(last_position)
+            ids, valid, positions = token[:, None].to(self.device), None, own_positions[:, j : j + 1]
             self._fed += 1
         draft_tokens = torch.stack(tokens, dim=1)  # (A, k)
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted

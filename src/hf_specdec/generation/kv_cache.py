@@ -32,6 +32,9 @@ _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 # Compact a cache once holes make up this share of its slots, and at least MIN_WASTE slots.
 COMPACT_FRACTION = 0.25
+# With the loop's one read per step, holes are counted every this many steps (a compaction comes a few steps late,
+# and a step spends fewer operations on the count: on a CPU each costs microseconds of the host's time).
+HOLES_EVERY = 4
 MIN_WASTE = 32
 # A static cache holds `max_length` slots plus this many, so that a step's drafted nodes fit beside a full
 # sequence without a compaction; a wider forward grows it (and recompiles a compiled forward once).
@@ -163,6 +166,7 @@ class CachedSequence:
         self._waste = 0  # holes every row has at least (host value, possibly a step old)
         self._slots_measured = 0  # of how many slots, when it was measured
         self._compactions = 0  # a measurement queued before the last compaction is stale
+        self._calls = 0  # of `maybe_compact`
         self.layout = AttentionLayout(model)
         # Full layers always: a sliding-window layer would drop old slots on its own, out of step with `valid`.
         # The window is applied in the mask instead, on logical positions, and slots that left it are compacted
@@ -196,7 +200,7 @@ class CachedSequence:
 
     def _mask(
         self,
-        new_valid: torch.Tensor,
+        new_valid: torch.Tensor | None,
         new_positions: torch.Tensor,
         structure: torch.Tensor,
         recent: torch.Tensor | None = None,
@@ -205,6 +209,8 @@ class CachedSequence:
         kv_length = self.capacity  # a static cache's forward attends over all its slots
         if self.layout.sliding_window is None:
             return additive_mask(self.valid, new_valid, structure, dtype, recent, kv_length)
+        if new_valid is None:
+            new_valid = _all_true(new_positions.shape, new_positions.device)
         key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
         full = self._all_slots(visibility(self.valid, new_valid, structure, recent=recent))  # (B, q, P+q)
         window = visibility(
@@ -224,7 +230,7 @@ class CachedSequence:
     def forward(
         self,
         input_ids: torch.Tensor | None,
-        new_valid: torch.Tensor,
+        new_valid: torch.Tensor | None,
         new_positions: torch.Tensor,
         structure: torch.Tensor,
         logits_to_keep: int = 0,
@@ -237,7 +243,8 @@ class CachedSequence:
         Args:
             input_ids (`torch.LongTensor` of shape `(batch, q)`): the new tokens (any id where not valid); `None`
                 with `inputs_embeds`.
-            new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real.
+            new_valid (`torch.BoolTensor` of shape `(batch, q)`): which new tokens are real (`None`: all of them;
+                then `structure` must hold its diagonal, as chains' and trees' do).
             new_positions (`torch.LongTensor` of shape `(batch, q)`): their logical positions.
             structure (`torch.BoolTensor` of shape `(q, q)` or `(batch, q, q)`): ancestor matrix among the new
                 tokens (one per row when rows verify different trees).
@@ -251,8 +258,11 @@ class CachedSequence:
         Returns:
             The model's `CausalLMOutputWithPast`; `logits` has shape `(batch, q, vocab)`.
         """
-        width = new_valid.shape[1]
+        width = new_positions.shape[1]
         first = self.num_slots == 0
+        all_valid = new_valid is None
+        if new_valid is None:
+            new_valid = _all_true(new_positions.shape, new_positions.device)
         pad = bucket(width) - width if self.compiled and not first else 0
         if self.capacity is not None:
             self._make_room(width + pad)
@@ -262,7 +272,7 @@ class CachedSequence:
             )
             if logits_to_keep:
                 logits_to_keep += pad
-        mask = self._mask(new_valid, new_positions, structure, recent)
+        mask = self._mask(None if all_valid and not pad else new_valid, new_positions, structure, recent)
         extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
         inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         call = {"attention_mask": mask, "position_ids": new_positions, "cache": self.cache, "use_cache": True}
@@ -334,8 +344,7 @@ class CachedSequence:
             self.valid = self.valid[:, :-drop]
             self.positions = self.positions[:, :-drop]
         start = self.num_slots - keep_max
-        offsets = torch.arange(keep_max, device=self.valid.device)  # (keep_max,)
-        self.valid[:, start:] &= offsets[None, :] < num_keep[:, None]
+        self.valid[:, start:] &= _row_of_offsets(keep_max, self.valid.device) < num_keep[:, None]
 
     def keep_path(
         self,
@@ -361,9 +370,9 @@ class CachedSequence:
         """
         if keep_max is None:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
-        offsets = torch.arange(keep_max, device=nodes.device)
-        nodes = torch.where(offsets[None, :] < num_keep[:, None], nodes[:, :keep_max], offsets[None, :])
         if not is_prefix:
+            offsets = _row_of_offsets(keep_max, nodes.device)  # (1, keep_max)
+            nodes = torch.where(offsets < num_keep[:, None], nodes[:, :keep_max], offsets)
             start = self.num_slots - num_new
             for layer in self.cache.layers:
                 if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
@@ -398,7 +407,8 @@ class CachedSequence:
             self._slots_measured = self.num_slots
         if self._waste >= MIN_WASTE and self._waste >= COMPACT_FRACTION * self._slots_measured:
             self.compact(self.num_slots - self._waste)
-        if self.reads is not None and self.num_slots:
+        self._calls += 1
+        if self.reads is not None and self.num_slots and self._calls % HOLES_EVERY == 0:
             # Holes are never filled and only compaction removes them, so a row's holes a step from now are at
             # least what they are now: the value read with the loop's next read stays a safe lower bound.
             holes = self.num_slots - self.valid.sum(dim=1).max()
@@ -521,3 +531,15 @@ def _own_outputs(outputs: CausalLMOutputWithPast, width: int, pad: int) -> Causa
     if outputs.hidden_states is not None:
         outputs.hidden_states = tuple(h[:, :width].clone() for h in outputs.hidden_states)
     return outputs
+
+
+@functools.lru_cache(maxsize=64)
+def _all_true(shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """A shared all-True `(batch, q)` validity (never written to)."""
+    return torch.ones(shape, dtype=torch.bool, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_of_offsets(n: int, device: torch.device) -> torch.Tensor:
+    """A shared `(1, n)` row 0, 1, ..., n - 1 (never written to)."""
+    return torch.arange(n, device=device)[None, :]

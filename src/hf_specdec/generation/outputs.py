@@ -67,25 +67,6 @@ class SpeculativeStats:
         """Share of drafted tokens accepted, per row `(batch,)`."""
         return self.accepted_tokens.double() / self.drafted_tokens.clamp_min(1).double()
 
-    def record_step(self, rows: list[int], drafted: list[int], num_accepted: list[int], emitted: list[int]) -> None:
-        """Count one verification step of the active `rows` (original batch indices): row `rows[i]` drafted
-        `drafted[i]` tokens, accepted `num_accepted[i]` and committed `emitted[i]` (host values: counting costs
-        the device nothing)."""
-        k = max(drafted, default=0)
-        if self.drafted_at_position.numel() < k:
-            grow = k - self.drafted_at_position.numel()
-            self.drafted_at_position = torch.cat([self.drafted_at_position, torch.zeros(grow, dtype=torch.long)])
-            self.accepted_at_position = torch.cat([self.accepted_at_position, torch.zeros(grow, dtype=torch.long)])
-        index = torch.tensor(rows, dtype=torch.long)
-        self.target_forwards.index_add_(0, index, torch.ones(len(rows), dtype=torch.long))
-        self.drafted_tokens.index_add_(0, index, torch.tensor(drafted, dtype=torch.long))
-        self.accepted_tokens.index_add_(0, index, torch.tensor(num_accepted, dtype=torch.long))
-        self.emitted_tokens.index_add_(0, index, torch.tensor(emitted, dtype=torch.long))
-        reached = [sum(d > j for d in drafted) for j in range(k)]
-        accepted = [sum(a > j for a in num_accepted) for j in range(k)]
-        self.drafted_at_position[:k] += torch.tensor(reached, dtype=torch.long)
-        self.accepted_at_position[:k] += torch.tensor(accepted, dtype=torch.long)
-
     def summary(self) -> dict[str, float]:
         """Batch totals as plain numbers, for logs and benchmarks."""
         forwards = int(self.target_forwards.sum())
@@ -103,6 +84,45 @@ class SpeculativeStats:
             "lookup_steps": self.lookup_steps,
             "plain_steps": self.plain_steps,
         }
+
+
+class StepCounts:
+    """The per-row and per-position counters of `SpeculativeStats`, kept as host numbers while decoding (counting
+    costs neither the device nor tensor operations) and written into the statistics once at the end."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.forwards = [0] * batch_size
+        self.drafted = [0] * batch_size
+        self.accepted = [0] * batch_size
+        self.emitted = [0] * batch_size
+        self.drafted_at: list[int] = []
+        self.accepted_at: list[int] = []
+
+    def record(self, rows: list[int], drafted: list[int], num_accepted: list[int], emitted: list[int]) -> None:
+        """Count one verification step of the active `rows` (original batch indices): row `rows[i]` drafted
+        `drafted[i]` tokens, accepted `num_accepted[i]` and committed `emitted[i]`."""
+        for row, d, a, e in zip(rows, drafted, num_accepted, emitted, strict=True):
+            self.forwards[row] += 1
+            self.drafted[row] += d
+            self.accepted[row] += a
+            self.emitted[row] += e
+            if d > len(self.drafted_at):
+                grow = d - len(self.drafted_at)
+                self.drafted_at += [0] * grow
+                self.accepted_at += [0] * grow
+            for j in range(d):
+                self.drafted_at[j] += 1
+            for j in range(min(a, d)):
+                self.accepted_at[j] += 1
+
+    def write(self, stats: SpeculativeStats) -> None:
+        """Set `stats`' counters to these counts."""
+        stats.target_forwards = torch.tensor(self.forwards, dtype=torch.long)
+        stats.drafted_tokens = torch.tensor(self.drafted, dtype=torch.long)
+        stats.accepted_tokens = torch.tensor(self.accepted, dtype=torch.long)
+        stats.emitted_tokens = torch.tensor(self.emitted, dtype=torch.long)
+        stats.drafted_at_position = torch.tensor(self.drafted_at, dtype=torch.long)
+        stats.accepted_at_position = torch.tensor(self.accepted_at, dtype=torch.long)
 
 
 @dataclass

@@ -50,17 +50,17 @@ class HostReads:
 
     def later(self, values: torch.Tensor, then: Callable[[list[int]], None]) -> None:
         """Read integer `values` (any shape) with the next [`read`], and hand them to `then` as a flat list."""
-        self._queued.append((values.detach().reshape(-1).long(), then))
+        self._queued.append((_flat_long(values), then))
 
     def read(self, *values: torch.Tensor) -> list[list[int]]:
         """Read integer `values` now, with everything queued by [`later`], in one device-to-host copy; returns
         each of `values` as a flat list."""
         queued, self._queued = self._queued, []
-        parts = [v.detach().reshape(-1).long() for v in values] + [v for v, _ in queued]
+        parts = [_flat_long(v) for v in values] + [v for v, _ in queued]
         if not parts:
             return []
         device = parts[0].device
-        flat: list[int] = torch.cat([p.to(device) for p in parts]).tolist()
+        flat: list[int] = torch.cat([p if p.device == device else p.to(device) for p in parts]).tolist()
         pieces, start = [], 0
         for part in parts:
             pieces.append(flat[start : start + part.numel()])
@@ -88,3 +88,9 @@ class HostReads:
         committed = [flat[i * width : i * width + counts[i]] for i in range(rows)]
         drafted_rows = read[4] if per_row else [int(drafted)] * rows
         return StepOutcome(accepted, counts, [bool(s) for s in stopped], drafted_rows, committed)
+
+
+def _flat_long(values: torch.Tensor) -> torch.Tensor:
+    """`values` as a flat integer tensor (as few operations as can be: this runs at every step)."""
+    flat = values if values.dim() == 1 else values.reshape(-1)
+    return flat if flat.dtype == torch.long else flat.long()

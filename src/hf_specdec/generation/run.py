@@ -14,10 +14,15 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.drafters.base import Accepted, DrafterFactory, DraftingContext, Proposal, chain_proposal
-from hf_specdec.generation.acceptance import greedy_accept_tree, sample_accept_tree, typical_accept_tree
+from hf_specdec.generation.acceptance import (
+    greedy_accept_chain,
+    greedy_accept_tree,
+    sample_accept_tree,
+    typical_accept_tree,
+)
 from hf_specdec.generation.decisions import CostModel, SpeculationGate
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
-from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats
+from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
@@ -40,7 +45,7 @@ class AcceptanceRule(NamedTuple):
         at every node `(A, N, V)`."""
         nodes, trees = proposal.nodes, proposal.trees
         if not self.do_sample:
-            return greedy_accept_tree(nodes, scores, trees)
+            return (greedy_accept_chain if proposal.chain else greedy_accept_tree)(nodes, scores, trees)
         p = torch.softmax(scores, dim=-1)
         if self.typical:
             return typical_accept_tree(nodes, p, trees, self.epsilon, self.delta, self.generator)
@@ -94,6 +99,7 @@ class DecodingRun:
             batch, bool(generation_config.output_scores), bool(generation_config.output_logits)
         )
         self.stats = SpeculativeStats.zeros(batch)
+        self.counts = StepCounts(batch)
         self.reads = HostReads()  # the host's one read per step (see `readback`)
         self.capacity = static_capacity(generation_config, model)
         self.target = CachedSequence(model, batch, device, self.reads, capacity=self.capacity)
@@ -193,8 +199,9 @@ class DecodingRun:
         last_node, num_accepted, next_token = accepted
         nodes, trees, buffer = proposal.nodes, proposal.trees, self.buffer
         path_nodes = trees.path_to(last_node)  # (A, D+1), the root first
-        new_tokens = torch.cat([nodes.gather(1, path_nodes[:, 1:].clamp_min(0)), next_token[:, None]], dim=1)
-        new_tokens.scatter_(1, num_accepted[:, None], next_token[:, None])  # (A, D+1)
+        drafts = nodes[:, 1:] if proposal.chain else nodes.gather(1, path_nodes[:, 1:].clamp_min(0))
+        next_column = next_token[:, None]
+        new_tokens = torch.cat([drafts, next_column], dim=1).scatter_(1, num_accepted[:, None], next_column)
         path_scores, path_logits = self._path_scores(proposal, path_nodes, verified)
         emitted, finished = buffer.commit(new_tokens, num_accepted + 1, path_scores)
         drafted_per_row = proposal.drafted if proposal.drafted is not None else trees.row_depths
@@ -246,7 +253,7 @@ class DecodingRun:
             self.gate.observe(
                 timing.gained, timing.draft + timing.verify, timing.forwards, timing.rows, timing.width, timing.verify
             )
-        stats.record_step(self.buffer.active_rows, outcome.drafted, outcome.num_accepted, outcome.emitted)
+        self.counts.record(self.buffer.active_rows, outcome.drafted, outcome.num_accepted, outcome.emitted)
         stats.lookup_steps += proposal.looked_up
         stats.draft_forwards += proposal.forwards
         stats.verify_widths[width] = stats.verify_widths.get(width, 0) + 1
@@ -257,6 +264,7 @@ class DecodingRun:
     ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
         """End the streamer and return `generate()`'s result on `device` (the statistics with it when
         `return_dict_in_generate=True`)."""
+        self.counts.write(self.stats)
         self.stats.costs = self.costs.estimated
         self.stats.plain_steps = self.gate.plain_steps
         if streamer is not None:

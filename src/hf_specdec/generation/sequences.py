@@ -49,6 +49,7 @@ class TokenBuffer:
         self.tokens[:, :prompt] = input_ids
         self.lengths = torch.full((batch,), prompt, dtype=torch.long, device=input_ids.device)  # (B,)
         self.active = torch.arange(batch, device=input_ids.device)  # rows still running, original indices
+        self._active_lengths: torch.Tensor | None = None
         # The same on the host, kept in step by `settle` from each step's one read (see `readback`).
         self.host_lengths = [prompt] * batch
         self.active_rows = list(range(batch))
@@ -67,7 +68,10 @@ class TokenBuffer:
 
     @property
     def active_lengths(self) -> torch.Tensor:
-        return self.lengths[self.active]
+        """The active rows' lengths `(active,)` (kept until a commit or a retirement changes them)."""
+        if self._active_lengths is None:
+            self._active_lengths = self.lengths[self.active]
+        return self._active_lengths
 
     @property
     def lagging(self) -> torch.Tensor:
@@ -78,7 +82,8 @@ class TokenBuffer:
         """Write `(active, m)` tokens at each active row's length + `offset`, without committing them
         (`rows`: positions in the active order of the `(len(rows), m)` tokens' rows; default all)."""
         active = self.active if rows is None else self.active[rows]
-        columns = self.lengths[active][:, None] + offset + torch.arange(new_tokens.shape[1], device=self.tokens.device)
+        lengths = self.active_lengths if rows is None else self.lengths[active]
+        columns = lengths[:, None] + (offset + torch.arange(new_tokens.shape[1], device=self.tokens.device))
         self.tokens[active[:, None], columns] = new_tokens
 
     def prefixes(self, length: int, shown: torch.Tensor) -> torch.Tensor:
@@ -121,6 +126,7 @@ class TokenBuffer:
             counts, stopped = self._apply_criteria(lengths, counts, scores, torch.ones_like(finished))
             finished |= stopped
         self.lengths[self.active] = lengths + counts
+        self._active_lengths = None
         if self.criteria and not self.pads_stopped_rows:
             counts, finished = self._stop_together(lengths, counts, scores)
         return counts, finished
@@ -195,6 +201,7 @@ class TokenBuffer:
         self.active_rows = [self.active_rows[i] for i in keep]
         index = torch.tensor(keep, dtype=torch.long).to(self.active.device, non_blocking=True)
         self.active = self.active[index]
+        self._active_lengths = None
         return index
 
     def sequences(self, pad_token_id: int) -> torch.Tensor:

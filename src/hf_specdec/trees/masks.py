@@ -11,6 +11,8 @@ layers, it lies within the window counted in logical positions.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -44,8 +46,8 @@ def visibility(
         `torch.BoolTensor` of shape `(batch, q, past + q)`. Every query sees its own slot, so even a padding
         query has one visible key and attention never produces NaN.
     """
-    batch, q = new_valid.shape
-    past = past_valid.shape[1]
+    batch, past = past_valid.shape
+    q = structure.shape[-1]
     past_part = past_valid[:, None, :].expand(batch, q, past)  # (B, q, P)
     if recent is not None and recent.shape[-1]:
         past_part = past_part.clone()
@@ -72,7 +74,7 @@ def to_additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def additive_mask(
     past_valid: torch.Tensor,
-    new_valid: torch.Tensor,
+    new_valid: torch.Tensor | None,
     structure: torch.Tensor,
     dtype: torch.dtype,
     recent: torch.Tensor | None = None,
@@ -82,7 +84,8 @@ def additive_mask(
     written straight into the mask (a handful of operations: this runs before every forward of every model).
 
     Args:
-        past_valid, new_valid, structure, recent: as for `visibility`.
+        past_valid, new_valid, structure, recent: as for `visibility`; `new_valid` `None` when every new token is
+            real (the structure is then the new tokens' mask as it is: it holds the diagonal).
         dtype (`torch.dtype`): the mask's.
         kv_length (`int`, *optional*): keys the attention sees, `past + q` or more (a static cache's slots); the
             keys past the new tokens are hidden.
@@ -90,10 +93,10 @@ def additive_mask(
     Returns:
         `torch.Tensor` of shape `(batch, 1, q, kv_length)`: 0 where visible, the dtype's minimum elsewhere.
     """
-    batch, q = new_valid.shape
-    past = past_valid.shape[1]
+    batch, past = past_valid.shape
+    q = structure.shape[-1]
     kv_length = past + q if kv_length is None else kv_length
-    mask = torch.full((batch, 1, q, kv_length), torch.finfo(dtype).min, dtype=dtype, device=new_valid.device)
+    mask = torch.full((batch, 1, q, kv_length), torch.finfo(dtype).min, dtype=dtype, device=past_valid.device)
     seen_past = past_valid[:, None, None, :]  # (B, 1, 1, P)
     if recent is not None and recent.shape[-1]:
         older = past - recent.shape[-1]
@@ -101,11 +104,25 @@ def additive_mask(
         mask[..., older:past].masked_fill_(seen_past[..., older:] & recent[:, None], 0.0)
     else:
         mask[..., :past].masked_fill_(seen_past, 0.0)
-    seen_new = (structure & new_valid[:, None, :]) | torch.eye(q, dtype=torch.bool, device=new_valid.device)
+    if new_valid is None:
+        seen_new = structure
+    else:
+        seen_new = (structure & new_valid[:, None, :]) | torch.eye(q, dtype=torch.bool, device=new_valid.device)
     mask[..., past : past + q].masked_fill_(seen_new[:, None] if seen_new.dim() == 3 else seen_new, 0.0)
     return mask
 
 
-def chain_structure(q: int, device: torch.device) -> torch.Tensor:
-    """The `(q, q)` ancestor matrix of a chain: token i sees tokens 0..i."""
+def chain_structure(q: int, device: torch.device | str) -> torch.Tensor:
+    """The `(q, q)` ancestor matrix of a chain: token i sees tokens 0..i (for the widths decoding steps feed, one
+    tensor per width and device, shared: never written to)."""
+    if q <= _SHARED_WIDTHS:
+        return _chain_structure(q, torch.device(device))
+    return torch.ones(q, q, dtype=torch.bool, device=device).tril()
+
+
+_SHARED_WIDTHS = 64
+
+
+@functools.lru_cache(maxsize=256)
+def _chain_structure(q: int, device: torch.device) -> torch.Tensor:
     return torch.ones(q, q, dtype=torch.bool, device=device).tril()

@@ -19,6 +19,7 @@ batch dimension of one, expanded to the batch without copies.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -99,9 +100,13 @@ class RowTrees:
         return cls(parents, depths, ancestors, paths, children, real)
 
     @classmethod
-    def chain(cls, num_nodes: int, device: torch.device | str = "cpu") -> RowTrees:
-        """A chain of `num_nodes` nodes (the root, then one drafted token after another), with a batch
-        dimension of one (see [`expand`])."""
+    def chain(cls, num_nodes: int, device: torch.device | str = "cpu", batch: int = 1) -> RowTrees:
+        """A chain of `num_nodes` nodes (the root, then one drafted token after another) for `batch` rows (views
+        of one row, see [`expand`]); one per size, device and batch, shared (its tensors are never written to)."""
+        return _chain(num_nodes, torch.device(device), batch)
+
+    @classmethod
+    def _build_chain(cls, num_nodes: int, device: torch.device) -> RowTrees:
         nodes = torch.arange(num_nodes, device=device)
         paths = torch.where(nodes[None, :] <= nodes[:, None], nodes[None, :], -1)  # (N, N): node i's path
         children = torch.where(nodes + 1 < num_nodes, nodes + 1, -1)[:, None]  # (N, 1)
@@ -152,3 +157,9 @@ def _validate(parents: torch.Tensor, real: torch.Tensor) -> None:
         raise ValueError("Padding nodes hang from the root, and the root is real.")
     if bool((real & ~real.gather(1, parents.clamp_min(0))).any()):
         raise ValueError("A padding node cannot have children.")
+
+
+@functools.lru_cache(maxsize=256)
+def _chain(num_nodes: int, device: torch.device, batch: int) -> RowTrees:
+    chain = RowTrees._build_chain(num_nodes, device)
+    return chain if batch == 1 else chain.expand(batch)
