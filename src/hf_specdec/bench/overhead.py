@@ -6,6 +6,8 @@ reads per step, on tiny random Llamas whose forwards cost little, so that the ho
   not the device, decides how fast decoding goes.
 - Host reads (see `host_reads`): device values the host reads per decoding step; on a GPU each one waits for
   every kernel queued before it.
+- Host operations (see `host_ops`): tensor operations dispatched outside model forwards per generated token, the
+  machine-independent counterpart of host time.
 
 The drafts are perfect (the draft model is a copy of the target, Medusa and EAGLE heads are untrained but every
 step drafts), so each path runs its whole step every time. `hf-specdec overhead` prints the table.
@@ -26,6 +28,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from hf_specdec.bench.cost_curve import synchronize
+from hf_specdec.bench.host_ops import count_host_ops
 from hf_specdec.bench.host_reads import count_host_reads
 from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.mixin import speculative
@@ -57,6 +60,8 @@ class Overhead:
         relative (`float`): that, over plain decoding's.
         reads_per_step (`float`): host reads per decoding step (a target forward), the prefill's included.
         tokens_per_step (`float`): tokens generated per decoding step, per row.
+        ops_per_token (`float`): tensor operations dispatched outside model forwards per generated token.
+        ops_relative (`float`): that, over plain decoding's.
     """
 
     path: str
@@ -64,6 +69,8 @@ class Overhead:
     relative: float
     reads_per_step: float
     tokens_per_step: float
+    ops_per_token: float = 0.0
+    ops_relative: float = 1.0
 
 
 def tiny_llama(seed: int = 0) -> PreTrainedModel:
@@ -130,7 +137,7 @@ def measure_overhead(
         paths (`list[str]`, *optional*): keys of `PATHS`; all by default. Plain decoding is always measured.
         new_tokens (`int`): tokens generated per row and call.
         batch_size (`int`): rows per call (random prompts of 16 tokens, no padding).
-        repeats (`int`): timed calls per path, after one warm-up; the median counts.
+        repeats (`int`): timed calls per path, after one warm-up, the paths taking turns; the median counts.
         seed (`int`): seeds the models and the prompts.
         device (`str` or `torch.device`): where the models run (on a GPU, the host time is what the device
             waits for when the host is the bottleneck).
@@ -141,27 +148,34 @@ def measure_overhead(
         raise ValueError(f"Unknown overhead paths {unknown}; choose from {list(PATHS)}.")
     base = tiny_llama(seed).to(device)
     prompts = torch.randint(4, 96, (batch_size, 16), generator=torch.Generator().manual_seed(seed)).to(device)
-    rows: list[Overhead] = []
-    plain_ms = 0.0
+    calls = {name: _caller(name, base, prompts, new_tokens) for name in names}
+    generated = batch_size * new_tokens
+    times: dict[str, list[float]] = {name: [] for name in names}
     for name in names:
-        call = _caller(name, base, prompts, new_tokens)
-        call()  # warm-up
-        times, generated, steps = [], batch_size * new_tokens, float(new_tokens)
-        for _ in range(repeats):
+        calls[name]()  # warm-up
+    # Paths take turns, repeat after repeat: a machine whose speed drifts slows them all alike.
+    for _ in range(repeats):
+        for name in names:
             with forward_time(base.device) as inside:
                 start = time.perf_counter()
-                out = call()
+                calls[name]()
                 synchronize(base.device)
                 wall = time.perf_counter() - start
-            times.append((wall - inside[0]) / generated)
+            times[name].append((wall - inside[0]) / generated)
+    rows: list[Overhead] = []
+    plain_ms = plain_ops = 0.0
+    for name in names:
         with count_host_reads() as reads:
-            out = call()
+            out = calls[name]()
+        with count_host_ops() as operations:
+            calls[name]()
         stats = getattr(out, "speculative", None)
-        if stats is not None:
-            steps = float(stats.target_forwards.max()) + 1.0  # the prefill is a step of plain decoding too
-        ms = statistics.median(times) * 1e3
-        plain_ms = ms if name == "plain" else plain_ms
-        rows.append(Overhead(name, ms, ms / plain_ms, sum(reads.values()) / steps, new_tokens / steps))
+        # The prefill is a step of plain decoding too.
+        steps = float(stats.target_forwards.max()) + 1.0 if stats is not None else float(new_tokens)
+        ms, ops = statistics.median(times[name]) * 1e3, operations[0] / generated
+        plain_ms, plain_ops = (ms, ops) if name == "plain" else (plain_ms, plain_ops)
+        reads_per_step = sum(reads.values()) / steps
+        rows.append(Overhead(name, ms, ms / plain_ms, reads_per_step, new_tokens / steps, ops, ops / plain_ops))
     return rows
 
 
@@ -182,12 +196,13 @@ def _caller(name: str, base: PreTrainedModel, prompts: torch.Tensor, new_tokens:
 def format_overhead(rows: list[Overhead]) -> str:
     """The table `hf-specdec overhead` prints."""
     lines = [
-        "| path | host ms per token | vs plain | host reads per step | tokens per step |",
-        "|---|---|---|---|---|",
+        "| path | host ms per token | vs plain | host ops per token | vs plain | host reads per step "
+        "| tokens per step |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row.path} | {row.host_ms_per_token:.3f} | {row.relative:.2f}x | {row.reads_per_step:.2f} | "
-            f"{row.tokens_per_step:.2f} |"
+            f"| {row.path} | {row.host_ms_per_token:.3f} | {row.relative:.2f}x | {row.ops_per_token:.1f} | "
+            f"{row.ops_relative:.2f}x | {row.reads_per_step:.2f} | {row.tokens_per_step:.2f} |"
         )
     return "\n".join(lines)

@@ -227,8 +227,10 @@ class DraftModelDrafter(ChainDrafter):
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
             if track:
                 scores, lengths = self._score_drafting_rows(buffer, logits, lengths, j)
-            else:
+            elif self.processors.processors:
                 scores = self.processors(buffer, buffer.active, lengths_now + j, logits)[:, 0]
+            else:  # nothing to process
+                scores = logits.view(logits.shape[0], logits.shape[2])
             if self.do_sample:
                 q = draft_distribution(scores)  # (A, V)
                 token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)

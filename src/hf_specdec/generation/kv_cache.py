@@ -179,7 +179,9 @@ class CachedSequence:
         self.compiled = False
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        # Logical positions of the slots, which only sliding-window masks read: kept for those models alone.
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        self._windowed = self.layout.sliding_window is not None
 
     @property
     def num_slots(self) -> int:
@@ -286,7 +288,8 @@ class CachedSequence:
             self.cache.crop(-pad)  # the padding's slots are written over by the next forward
             new_valid, new_positions = new_valid[:, :width], new_positions[:, :width]
         self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self.positions = torch.cat([self.positions, new_positions], dim=1)
+        if self._windowed:
+            self.positions = torch.cat([self.positions, new_positions], dim=1)
         return outputs
 
     def _make_room(self, width: int) -> None:
@@ -342,9 +345,10 @@ class CachedSequence:
         if drop > 0:
             self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
             self.valid = self.valid[:, :-drop]
-            self.positions = self.positions[:, :-drop]
+            if self._windowed:
+                self.positions = self.positions[:, :-drop]
         start = self.num_slots - keep_max
-        self.valid[:, start:] &= _row_of_offsets(keep_max, self.valid.device) < num_keep[:, None]
+        self.valid[:, start:].logical_and_(_row_of_offsets(keep_max, self.valid.device) < num_keep[:, None])
 
     def keep_path(
         self,
@@ -380,7 +384,8 @@ class CachedSequence:
                 layer.keys[:, :, start : start + keep_max] = _gather_slots(layer.keys[:, :, start:], nodes)
                 layer.values[:, :, start : start + keep_max] = _gather_slots(layer.values[:, :, start:], nodes)
             self.valid[:, start : start + keep_max] = self.valid[:, start:].gather(1, nodes)
-            self.positions[:, start : start + keep_max] = self.positions[:, start:].gather(1, nodes)
+            if self._windowed:
+                self.positions[:, start : start + keep_max] = self.positions[:, start:].gather(1, nodes)
         self.keep_prefix(num_new, num_keep, keep_max)
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -392,7 +397,8 @@ class CachedSequence:
                 if getattr(layer, "keys", None) is not None:
                     _set_static_states(layer, layer.keys[rows], layer.values[rows])
         self.valid = self.valid[rows]
-        self.positions = self.positions[rows]
+        if self._windowed:
+            self.positions = self.positions[rows]
 
     def maybe_compact(self) -> None:
         """Compact once holes make up a quarter of the slots (and at least `MIN_WASTE` slots): attention pays
@@ -459,7 +465,8 @@ class CachedSequence:
                 layer.values[:, :, :width] = _gather_slots(layer.values[:, :, :slots], order)
                 layer.cumulative_length.fill_(width)
         self.valid = self.valid.gather(1, order)
-        self.positions = self.positions.gather(1, order)
+        if self._windowed:
+            self.positions = self.positions.gather(1, order)
 
 
 def _gather_slots(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,7 @@ def additive_mask(
     q = structure.shape[-1]
     kv_length = past + q if kv_length is None else kv_length
     mask = torch.full((batch, 1, q, kv_length), torch.finfo(dtype).min, dtype=dtype, device=past_valid.device)
-    seen_past = past_valid[:, None, None, :]  # (B, 1, 1, P)
+    seen_past = past_valid.view(batch, 1, 1, past)
     if recent is not None and recent.shape[-1]:
         older = past - recent.shape[-1]
         mask[..., :older].masked_fill_(seen_past[..., :older], 0.0)
