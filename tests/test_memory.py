@@ -233,7 +233,9 @@ class Watcher:
         for layer in seq.cache.layers:  # the memory itself: every layer holds exactly one entry per slot
             assert type(layer).__name__ == "DynamicLayer"  # full layers, even for sliding-window models
             assert layer.keys.shape[2] == layer.values.shape[2] == slots
-        assert seq.valid.shape == seq.positions.shape == (input_ids.shape[0], slots)
+        assert seq.valid.shape == (input_ids.shape[0], slots)
+        if seq.layout.sliding_window is not None:  # slot positions: kept for sliding-window masks alone
+            assert seq.positions.shape == seq.valid.shape
         watched.fed_since_check += input_ids.shape[1]
         watched.peak_fed = max(watched.peak_fed, watched.fed_since_check)
         needed = watched.valid_at_check + watched.fed_since_check

@@ -32,9 +32,6 @@ _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 # Compact a cache once holes make up this share of its slots, and at least MIN_WASTE slots.
 COMPACT_FRACTION = 0.25
-# With the loop's one read per step, holes are counted every this many steps (a compaction comes a few steps late,
-# and a step spends fewer operations on the count: on a CPU each costs microseconds of the host's time).
-HOLES_EVERY = 4
 MIN_WASTE = 32
 # A static cache holds `max_length` slots plus this many, so that a step's drafted nodes fit beside a full
 # sequence without a compaction; a wider forward grows it (and recompiles a compiled forward once).
@@ -166,7 +163,6 @@ class CachedSequence:
         self._waste = 0  # holes every row has at least (host value, possibly a step old)
         self._slots_measured = 0  # of how many slots, when it was measured
         self._compactions = 0  # a measurement queued before the last compaction is stale
-        self._calls = 0  # of `maybe_compact`
         self.layout = AttentionLayout(model)
         # Full layers always: a sliding-window layer would drop old slots on its own, out of step with `valid`.
         # The window is applied in the mask instead, on logical positions, and slots that left it are compacted
@@ -413,8 +409,7 @@ class CachedSequence:
             self._slots_measured = self.num_slots
         if self._waste >= MIN_WASTE and self._waste >= COMPACT_FRACTION * self._slots_measured:
             self.compact(self.num_slots - self._waste)
-        self._calls += 1
-        if self.reads is not None and self.num_slots and self._calls % HOLES_EVERY == 0:
+        if self.reads is not None and self.num_slots:
             # Holes are never filled and only compaction removes them, so a row's holes a step from now are at
             # least what they are now: the value read with the loop's next read stays a safe lower bound.
             holes = self.num_slots - self.valid.sum(dim=1).max()
