@@ -246,9 +246,9 @@ def test_a_tree_verifies_fewer_nodes_where_verification_costs(monkeypatch: pytes
     assert max(runs[1]) < 10 and costly < free - 2.0, runs
 
 
-def test_node_log_probs_in_one_pass_equal_the_careful_ones() -> None:
-    """The one-pass log-softmax gives, for every kind of node, what masking every case first gives: a usual node,
-    one with nan scores (never proposed), one with +inf, one whose scores leave nothing, one ruled out."""
+def test_node_log_probs_of_every_kind_of_node() -> None:
+    """A usual node keeps its log-softmax; a nan score is never proposed; a node whose scores leave nothing, and a
+    node ruled out, get -inf everywhere; +inf scores come out nan (never the best)."""
     inf = float("inf")
     scores = torch.tensor(
         [[[1.0, 2.0, -inf, 0.5], [1.0, float("nan"), 3.0, 0.0], [0.0, inf, 1.0, 2.0]],
@@ -259,6 +259,7 @@ def test_node_log_probs_in_one_pass_equal_the_careful_ones() -> None:
     none_left = ~(careful > -inf).any(dim=-1, keepdim=True)
     expected = torch.log_softmax(careful.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, -inf)
     got = node_log_probs(scores, alive)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)  # +inf: nan either way
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got[1, 2], torch.log_softmax(scores[1, 2], dim=-1))  # a usual node
     assert torch.isneginf(got[1, 0]).all() and torch.isneginf(got[1, 1]).all()
     assert torch.isneginf(got[0, 1, 1]) and torch.isfinite(got[0, 1, [0, 2, 3]]).all()

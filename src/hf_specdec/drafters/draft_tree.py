@@ -300,17 +300,8 @@ class _Growth:
 
 def node_log_probs(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
     """Log-probabilities `(A, F, V)` of frontier nodes' scores: a nan score is never proposed, a node ruled out
-    (`alive` `(A, F)` False) or whose scores leave nothing gets -inf everywhere.
-
-    Without reading anything back: nodes with a nan or +inf in their scores, or with nothing left, come out nan
-    from the plain pass and take the careful one's values instead."""
-    log_probs = torch.log_softmax(scores, dim=-1)
-    odd = (~alive)[..., None] | torch.isnan(log_probs[..., :1])  # (A, F, 1)
-    return torch.where(odd, _careful_log_softmax(scores, alive), log_probs)
-
-
-def _careful_log_softmax(scores: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """`node_log_probs` of nodes `(..., V)` with nans, ruled out, or with nothing left."""
+    (`alive` `(A, F)` False) or whose scores leave nothing gets -inf everywhere. Without reading anything back:
+    the same operations for every node, odd or not."""
     scores = scores.masked_fill(~alive[..., None] | torch.isnan(scores), float("-inf"))
     none_left = ~(scores > float("-inf")).any(dim=-1, keepdim=True)
     return torch.log_softmax(scores.masked_fill(none_left, 0.0), dim=-1).masked_fill(none_left, float("-inf"))
