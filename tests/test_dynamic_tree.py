@@ -8,6 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
 from hf_specdec.generation.acceptance import greedy_accept_tree
@@ -230,3 +232,28 @@ def test_the_dynamic_preset_name() -> None:
     model = _recurrent(share_lm_head=False)
     ids, mask = ragged_batch(2, seed=5)
     assert torch.equal(_generate(model, ids, mask, medusa=True, tree="dynamic"), _generate(model.base, ids, mask))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), batch=st.integers(1, 3), size=st.integers(1, 12), slack=st.integers(0, 3))
+def test_trees_built_within_known_bounds_equal_trees_built_by_reading(data, batch: int, size: int, slack: int) -> None:
+    """The structure computed from a bound on the depth (matrix products, no read) is the one found by walking
+    up level by level and reading how far to go, padding nodes included, for any bound at least the depth."""
+    rows, masks = [], []
+    for _ in range(batch):
+        parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, size)]
+        real = [True] + [data.draw(st.booleans()) for _ in range(1, size)]
+        for i in range(1, size):  # padding hangs from the root and has no children
+            if not real[parents[i]]:
+                real[i] = False
+            if not real[i]:
+                parents[i] = 0
+        rows.append(parents)
+        masks.append(real)
+    parents, real = torch.tensor(rows), torch.tensor(masks)
+    read = RowTrees.from_parents(parents, real)
+    bound = read.depth + slack
+    within = RowTrees.from_parents(parents, real, validate=False, max_depth=bound, max_children=size)
+    assert torch.equal(within.ancestors, read.ancestors) and torch.equal(within.depths, read.depths)
+    assert torch.equal(within.paths[..., : read.depth + 1], read.paths)
+    assert bool((within.paths[..., read.depth + 1 :] == -1).all())

@@ -158,3 +158,16 @@ def test_trees_sized_from_measured_accuracies() -> None:
     assert torch.equal(_generate(model, ids, mask, medusa=True, tree=4), plain)
     with pytest.raises(ValueError, match="positive number"):
         model.sized_tree(0)
+
+
+def test_a_heads_model_answers_like_a_transformers_model() -> None:
+    """`.device`, `.dtype` and `.generation_config` are the base's, as code written for transformers models reads
+    them; setting the generation config sets the base's, which `generate()` starts from."""
+    from transformers import GenerationConfig
+
+    base = tiny_model("llama", seed=0).to(torch.bfloat16)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2))
+    assert model.device == base.device and model.dtype == torch.bfloat16
+    config = GenerationConfig(max_new_tokens=3, do_sample=False)
+    model.generation_config = config
+    assert base.generation_config is config and model.generation_config is config

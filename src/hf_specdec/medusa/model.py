@@ -430,6 +430,25 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         return self.base.generate(*args, generation_config=generation_config, custom_generate=decode, **kwargs)
 
     @property
+    def device(self) -> torch.device:
+        """The base's device, where `generate()` runs (as a transformers model answers `.device`)."""
+        return self.base.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The base's dtype (as a transformers model answers `.dtype`)."""
+        return self.base.dtype
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        """The base's generation config, which `generate()` starts from (set it here or on the base)."""
+        return self.base.generation_config
+
+    @generation_config.setter
+    def generation_config(self, value: GenerationConfig) -> None:
+        self.base.generation_config = value
+
+    @property
     def base_trains(self) -> bool:
         """Whether any of the base's weights train (Medusa-2, e.g. through LoRA adapters)."""
         return any(p.requires_grad for p in self.base.parameters())

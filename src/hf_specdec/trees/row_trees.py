@@ -67,21 +67,10 @@ class RowTrees:
         if validate:
             _validate(parents, real)
         nodes = torch.arange(n, device=device)
-        ancestors = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, N, N)
-        depths = torch.zeros(batch, n, dtype=torch.long, device=device)
-        walk = parents.clone()  # every node's ancestor one level further up at each pass
-        level = 0
-        while (level < max_depth) if max_depth is not None else bool((walk >= 0).any()):
-            up = walk >= 0
-            ancestors |= (walk[..., None] == nodes) & up[..., None]
-            depths += up.long()
-            walk = torch.where(up, parents.gather(1, walk.clamp_min(0)), -1)
-            level += 1
-        deepest = max_depth if max_depth is not None else int(depths.max())
-        paths = torch.full((batch, n, deepest + 1), -1, dtype=torch.long, device=device)
-        for depth in range(deepest + 1):
-            at_depth = ancestors & (depths[:, None, :] == depth)  # (B, N, N)
-            paths[..., depth] = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)
+        if max_depth is not None:  # bounds known: a few matrix products, nothing read back
+            ancestors, depths, paths = _structure_within(parents, max(max_depth, 1 if n > 1 else 0))
+        else:
+            ancestors, depths, paths = _structure_read(parents)
         # A node's place among its siblings: how many earlier real nodes share its parent.
         earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)  # (N, N): j < i
         rank = ((parents[:, :, None] == parents[:, None, :]) & earlier & real[:, None, :]).sum(-1)  # (B, N)
@@ -145,6 +134,52 @@ class RowTrees:
         """`(batch, D+1)` the nodes from the root to `node` `(batch,)`, padded with -1."""
         paths = self.paths
         return paths.gather(1, node[:, None, None].expand(-1, 1, paths.shape[2])).squeeze(1)
+
+
+def _structure_within(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(ancestors, depths, paths)` of trees no deeper than `max_depth`: the ancestor relation is the reflexive
+    transitive closure of the parent relation, found by squaring it (`ceil(log2(max_depth + 1))` products); a
+    node's ancestor at depth d is the one ancestor whose own depth is d. The products count at most `nodes` ones
+    in float32: exact."""
+    n = parents.shape[1]
+    device = parents.device
+    nodes = torch.arange(n, device=device)
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    reach = (parents[..., None] == nodes) | eye  # (B, N, N): itself or its parent
+    span = 1  # path lengths `reach` covers
+    while span < max_depth:
+        reach = reach | (torch.bmm(reach.float(), reach.float()) > 0)
+        span *= 2
+    depths = reach.sum(dim=-1) - 1  # (B, N) ancestors other than itself
+    levels = torch.arange(max_depth + 1, device=device)
+    at_depth = (depths[..., None] == levels).to(torch.float32)  # (B, N, D+1): each node's depth, one-hot
+    reached = reach.float()
+    found = torch.bmm(reached, at_depth) > 0  # (B, N, D+1): n has an ancestor at depth d
+    which = torch.bmm(reached, at_depth * nodes[None, :, None].float())  # that ancestor's index
+    paths = torch.where(found, which.round().long(), -1)
+    return reach, depths, paths
+
+
+def _structure_read(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(ancestors, depths, paths)` of trees of unknown depth, walking up one level per pass (each pass reads
+    whether any node has further to go)."""
+    batch, n = parents.shape
+    device = parents.device
+    nodes = torch.arange(n, device=device)
+    ancestors = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)  # (B, N, N)
+    depths = torch.zeros(batch, n, dtype=torch.long, device=device)
+    walk = parents.clone()  # every node's ancestor one level further up at each pass
+    while bool((walk >= 0).any()):
+        up = walk >= 0
+        ancestors |= (walk[..., None] == nodes) & up[..., None]
+        depths += up.long()
+        walk = torch.where(up, parents.gather(1, walk.clamp_min(0)), -1)
+    deepest = int(depths.max())
+    paths = torch.full((batch, n, deepest + 1), -1, dtype=torch.long, device=device)
+    for depth in range(deepest + 1):
+        at_depth = ancestors & (depths[:, None, :] == depth)  # (B, N, N)
+        paths[..., depth] = torch.where(at_depth.any(-1), at_depth.float().argmax(-1), -1)
+    return ancestors, depths, paths
 
 
 def _validate(parents: torch.Tensor, real: torch.Tensor) -> None:
