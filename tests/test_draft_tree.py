@@ -131,6 +131,41 @@ def test_lookup_drafts_alone_once_the_draft_runs_out_of_positions() -> None:
     assert torch.equal(out.sequences, target.generate(**kwargs))
 
 
+@pytest.mark.parametrize("drafter", ["draft model", "recurrent heads"])
+def test_the_constant_schedule_verifies_the_whole_tree_at_every_step(drafter: str) -> None:
+    """With costs that make every node and depth a loss, the adaptive schedule verifies fewer nodes than the tree
+    holds; `num_assistant_tokens_schedule="constant"` grows and verifies the whole tree at every step. Both keep
+    plain greedy's tokens."""
+    from hf_specdec import MedusaConfig, MedusaForCausalLM
+
+    target = tiny_target("llama")
+    ids, mask = ragged_batch(2, seed=3)
+    kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 24, "do_sample": False}
+    plain = target.generate(**kwargs)
+    tree = DynamicTree(num_nodes=6, depth=3, top_k=2)
+    if drafter == "draft model":
+        model, extra = target, {"assistant": tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)}
+    else:
+        torch.manual_seed(0)
+        model = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3, head_type="recurrent"))
+        extra = {"medusa": True}
+    widths = {}
+    for schedule in ("adaptive", "constant"):
+        out = model.generate(
+            **kwargs,
+            **extra,
+            tree=tree,
+            num_assistant_tokens_schedule=schedule,
+            speculative_costs=SpeculativeCosts(1.0, 1.0),  # every node, every depth is a loss
+            return_dict_in_generate=True,
+        )
+        assert torch.equal(out.sequences, plain)
+        widths[schedule] = out.speculative.verify_widths
+    whole, steps = widths["constant"].get(tree.num_nodes + 1, 0), sum(widths["constant"].values())
+    assert whole >= steps - 2  # the whole tree, but where the length limit leaves less room (the last steps)
+    assert max(widths["adaptive"]) < tree.num_nodes + 1
+
+
 def _tree_samples(mode: str, seed: int, **lookup: int) -> tuple[list[torch.Tensor], hf_specdec.SpeculativeStats]:
     target, draft = _models()
     sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None} | lookup

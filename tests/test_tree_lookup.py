@@ -128,7 +128,7 @@ def test_padding_stays_padding_when_a_chain_is_grafted() -> None:
     ("kwargs", "message"),
     [
         ({"max_matching_ngram_size": 2}, "prompt_lookup_num_tokens"),
-        ({"num_assistant_tokens_schedule": "constant"}, "prompt_lookup_num_tokens"),
+        ({"num_assistant_tokens_schedule": "heuristic"}, "adaptive"),
         ({"prompt_lookup_num_tokens": 0}, "positive integer"),
         ({"prompt_lookup_num_tokens": 4, "num_assistant_tokens_schedule": "heuristic"}, "adaptive"),
     ],

@@ -54,7 +54,8 @@ class SpeculativeGenerationMixin:
         tree (`DynamicTree` or `int`): with `assistant=`, the draft model grows a tree per row and step instead of a
             chain (EAGLE-2-style: `top_k` children per frontier node, the best `num_nodes` verified in one target
             forward; an int is a number of nodes with the default shape). With prompt lookup too, each row's
-            looked-up continuation is grafted onto its tree.
+            looked-up continuation is grafted onto its tree. `num_assistant_tokens_schedule="constant"` grows and
+            verifies the whole tree at every step (default "adaptive": as far as it pays).
         assistant_vocab (`torch.LongTensor` or list of ids): a draft vocabulary, e.g. the most frequent tokens
             (`hf_specdec.drafters.vocab.draft_vocabulary`): the draft proposes only these tokens and skips the
             rest of its lm_head, which makes each draft forward cheaper on large vocabularies. Lossless: the target
@@ -125,9 +126,15 @@ class SpeculativeGenerationMixin:
         if schedule not in SCHEDULES:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}.")
         policy = self._draft_length_policy(generation_config, kwargs, assistant, schedule)
-        for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+        for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
             if tree is not None and passed(generation_config, kwargs, name):  # type: ignore[arg-type]
                 raise ValueError(f"`{name}` sets a draft chain's length; with `tree=` the DynamicTree sets the shape.")
+        if tree is not None and schedule == "heuristic":
+            raise ValueError(
+                "num_assistant_tokens_schedule='heuristic' grows and shrinks a draft chain; with `tree=` take "
+                "'adaptive' (default: the tree grows and is verified as far as it pays) or 'constant' (the whole "
+                "tree at every step)."
+            )
         prompt_lookup = None
         if lookup is not None:
             prompt_lookup = PromptLookupDrafter(

@@ -46,6 +46,7 @@ def medusa_decode(
     typical_delta: float = 0.3,
     prompt_lookup: PromptLookupDrafter | None = None,
     costs: SpeculativeCosts | None = None,
+    adaptive: bool = True,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
@@ -65,6 +66,8 @@ def medusa_decode(
             its tree, as long as the measured acceptance of its matches pays for verifying it.
         costs (`SpeculativeCosts`, *optional*): fixed costs instead of measured ones (see
             `hf_specdec.generation.decisions`).
+        adaptive (`bool`): grow and verify dynamic trees as far as they pay, graft as much of a lookup match as pays
+            and take plain steps where drafting does not pay; otherwise the whole tree and match at every step.
         streamer, generator, model_kwargs: as for [`hf_specdec.generation.loop.decode`].
 
     Returns:
@@ -74,7 +77,6 @@ def medusa_decode(
         raise ValueError("medusa_decode needs a DynamicTree with a depth (generate() sets the heads' own).")
     # The loop measures what verifying one more token costs: it decides how far a match is worth grafting, how
     # far a dynamic tree grows and how many of its nodes are verified, and whether a tree pays for itself at all.
-    adaptive = prompt_lookup is None or prompt_lookup.adaptive
     make_drafter: DrafterFactory
     if isinstance(heads, EagleHeads):
         if not isinstance(tree, DynamicTree):

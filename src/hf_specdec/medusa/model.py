@@ -376,6 +376,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 each row grafts as much of its match as the measured acceptance of matches of that size pays
                 for (measured timings decide, so seeded sampling may draw differently from run to run; the
                 distribution stays exact), with `"constant"` the whole match.
+            num_assistant_tokens_schedule (`str`, in `kwargs`): `"adaptive"` (default: a dynamic tree grows and is
+                verified as far as it pays, and plain steps replace speculative ones that do not) or `"constant"`
+                (the whole tree at every step).
             speculative_costs (`SpeculativeCosts`): fixed costs instead of measured ones (for prompt lookup in the
                 tree, and for the choice between a tree and a plain step), for bitwise-reproducible seeded
                 sampling (see `hf_specdec.generation.decisions`).
@@ -410,7 +413,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                     "or call the base's generate() with a draft model instead of the heads."
                 )
         generation_config = kwargs.pop("generation_config", None)
-        prompt_lookup = _prompt_lookup(self.base, generation_config, kwargs)
+        prompt_lookup, adaptive = _prompt_lookup(self.base, generation_config, kwargs)
         costs = kwargs.pop("speculative_costs", None)
         if costs is not None and not isinstance(costs, SpeculativeCosts):
             raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
@@ -425,6 +428,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             typical_delta=typical_delta,
             prompt_lookup=prompt_lookup,
             costs=costs,
+            adaptive=adaptive,
             streamer=kwargs.get("streamer"),
         )
         return self.base.generate(*args, generation_config=generation_config, custom_generate=decode, **kwargs)
@@ -608,32 +612,32 @@ def _base_name(base: PreTrainedModel) -> str | None:
 
 def _prompt_lookup(
     base: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
-) -> PromptLookupDrafter | None:
-    """The prompt lookup `generate()`'s arguments ask for, or `None`. Lookup settings without
-    `prompt_lookup_num_tokens` are refused when the caller passed them (in the model's own generation config
-    they have nothing to tune), and so are the draft model's settings.
+) -> tuple[PromptLookupDrafter | None, bool]:
+    """The prompt lookup `generate()`'s arguments ask for (or `None`), and whether decisions are adaptive. Lookup
+    settings without `prompt_lookup_num_tokens` are refused when the caller passed them (in the model's own
+    generation config they have nothing to tune), and so are the draft model's settings.
 
-    `num_assistant_tokens_schedule`: `"adaptive"` (default: each row grafts as far as the measured acceptance
-    of its match size pays for) or `"constant"` (always the whole match, up to `prompt_lookup_num_tokens`).
+    `num_assistant_tokens_schedule`: `"adaptive"` (default: a dynamic tree grows and is verified as far as it
+    pays, each row grafts as far as the measured acceptance of its match size pays for, and plain steps replace
+    speculative ones that do not pay) or `"constant"` (the whole tree and the whole match, up to
+    `prompt_lookup_num_tokens`, at every step).
     """
     for name in ("num_assistant_tokens", "assistant_confidence_threshold"):
         if passed(generation_config, kwargs, name):
             raise ValueError(f"`{name}` tunes the draft model of `assistant=`; `medusa=True` drafts with the heads.")
     lookup = lookup_settings(base, generation_config, kwargs)
     schedule = requested(base, generation_config, kwargs, "num_assistant_tokens_schedule")
-    if lookup is None:
-        if passed(generation_config, kwargs, "num_assistant_tokens_schedule"):
-            raise ValueError(
-                "`num_assistant_tokens_schedule` tunes prompt lookup, which `medusa=True` runs only with "
-                "`prompt_lookup_num_tokens`: pass it too, or drop the setting."
-            )
-        return None
+    if not passed(generation_config, kwargs, "num_assistant_tokens_schedule") and lookup is None:
+        schedule = None  # the model's own config tunes a draft model's chain: nothing here
     if schedule not in (None, "adaptive", "constant"):
         raise ValueError(
-            f"num_assistant_tokens_schedule={schedule!r}: prompt lookup in a tree takes 'adaptive' (default) or "
-            "'constant'."
+            f"num_assistant_tokens_schedule={schedule!r}: heads take 'adaptive' (default) or 'constant' (the whole "
+            "tree, and the whole prompt-lookup match, at every step)."
         )
-    return PromptLookupDrafter(lookup.num_tokens, lookup.max_ngram_size, adaptive=schedule != "constant")
+    adaptive = schedule != "constant"
+    if lookup is None:
+        return None, adaptive
+    return PromptLookupDrafter(lookup.num_tokens, lookup.max_ngram_size, adaptive=adaptive), adaptive
 
 
 def _lm_head_width(base: PreTrainedModel) -> int | None:
