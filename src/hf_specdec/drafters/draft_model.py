@@ -209,7 +209,7 @@ class DraftModelDrafter(ChainDrafter):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         self._fed = self._pending_width
-        policy.start_step(buffer.lagging)
+        policy.start_step(buffer.lagging if policy.adaptive else None)  # only the adaptive rule weighs rows
         # Rows whose processors rule out every token the draft can propose stop drafting there: their later
         # positions are filler, never shown to the processors and never accepted. Only a draft that cannot score
         # every id, or processors that read the prefix (constraints), can leave a row nothing; otherwise this
