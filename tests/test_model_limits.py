@@ -234,8 +234,6 @@ def test_settings_transformers_applies_and_the_loop_does_not_are_refused() -> No
     ids, _ = ragged_batch(1)
     with pytest.raises(ValueError, match=r"assistant_ensemble_weight=0\.5"):
         target.generate(input_ids=ids, assistant=_llama(1), assistant_ensemble_weight=0.5, max_new_tokens=3)
-    with pytest.raises(ValueError, match="`assistant_model` cannot be combined with prompt lookup"):
-        target.generate(input_ids=ids, prompt_lookup_num_tokens=3, assistant_model=_llama(1), max_new_tokens=3)
 
 
 def test_inputs_embeds_without_ids_is_refused_for_what_it_is() -> None:

@@ -10,6 +10,7 @@ from hf_specdec.generation.acceptance import (
     speculative_sampling,
 )
 from hf_specdec.generation.decisions import SpeculativeCosts
+from hf_specdec.generation.entry import speculative_generate
 from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
@@ -36,6 +37,7 @@ __all__ = [
     "residual_distribution",
     "speculative",
     "speculative_decode",
+    "speculative_generate",
     "speculative_sampling",
 ]
 

@@ -86,8 +86,8 @@ def _run_method(
     if speculative:
         kwargs["return_dict_in_generate"] = True
     model = medusa if method.uses == "medusa" else target
-    # Transformers' own prompt lookup: its generate(), past this library's mixin (which serves the argument).
-    generate = functools.partial(GenerationMixin.generate, model) if method.uses == "hf-lookup" else model.generate
+    # Transformers' own methods: its generate(), past this library's mixin (which serves their arguments).
+    generate = functools.partial(GenerationMixin.generate, model) if method.uses.startswith("hf-") else model.generate
     if target.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target.device)
         torch.cuda.synchronize(target.device)
