@@ -4,6 +4,8 @@ loop does not run stay transformers' own; `speculative_generate` leaves the mode
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import GenerationMixin
@@ -130,3 +132,20 @@ def test_transformers_own_methods_stay_transformers_own(monkeypatch: pytest.Monk
 
 
 _FREE_DRAFT = hf_specdec.SpeculativeCosts(draft_forward=0.05, verify_per_token=0.01)
+
+
+HUB_RECIPE = Path(__file__).resolve().parents[1] / "hub" / "speculative-generate"
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_the_custom_generate_recipe_runs_repeatedly_through_the_loop(wrapped: bool) -> None:
+    target, draft = tiny_model("llama", seed=0, sharpen=4.0), tiny_model("llama", seed=1, num_layers=1)
+    plain = target.generate(**_call(2))
+    cls = type(hf_specdec.speculative(target) if wrapped else target)
+    recipe = {"custom_generate": str(HUB_RECIPE), "trust_remote_code": True, "return_dict_in_generate": True}
+    for drafts in ({"assistant": draft}, {"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}, {}):
+        out = target.generate(**_call(2, **recipe, **drafts))
+        assert torch.equal(out.sequences, plain)
+        assert (getattr(out, "speculative", None) is not None) == bool(drafts)
+        assert type(target) is cls  # the recipe changes nothing on the model
+    assert torch.equal(target.generate(**_call(2)), plain)
