@@ -314,8 +314,11 @@ def _call(**kwargs: Any) -> Call:
 
 
 def _with_a_cache(models: Models, path: str) -> Any:
-    """The usual call with a cache to continue from (made per call: a cache kept alive would outlive the tests)."""
-    return models.generate(path)(**prompts(past_key_values=DynamicCache()))
+    """The usual call (two prompts) with a cache of one row to continue from (made per call: a cache kept alive
+    would outlive the tests)."""
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8), 0)
+    return models.generate(path)(**prompts(cache=cache))
 
 
 def _edited(edit: Callable[[torch.Tensor, torch.Tensor], None]) -> Call:
@@ -480,7 +483,7 @@ CASES: tuple[Case, ...] = (
     Case("no-cache", SETTINGS, "`use_cache=False`", PATHS, _call(use_cache=False)),
     Case("offloaded-cache", SETTINGS, "`cache_implementation='offloaded'`", PATHS,
          _call(cache_implementation="offloaded")),
-    Case("a-cache", SETTINGS, "a cache to continue from (`past_key_values=`)", PATHS,
+    Case("a-cache", SETTINGS, "a cache to continue from (`cache=`) of another batch size", PATHS,
          _with_a_cache),
     Case("output-attentions", SETTINGS, "`output_attentions=True`", PATHS,
          _call(output_attentions=True, return_dict_in_generate=True)),

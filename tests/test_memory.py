@@ -74,6 +74,7 @@ NEW_TOKENS_PER_CALL = 32  # (b): short calls, several of them
 
 # name -> (kind, generate() keyword arguments); "draft" paths get `assistant=` added, "medusa" ones run on
 # MedusaForCausalLM with `medusa=True`.
+COSTS = hf_specdec.SpeculativeCosts(draft_forward=0.3, verify_per_token=0.02)
 PATHS: dict[str, tuple[str, dict[str, Any]]] = {
     "draft": ("draft", {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "constant"}),
     "lookup": ("lookup", {"prompt_lookup_num_tokens": LOOKUP}),
@@ -158,7 +159,11 @@ def _prompts(batch: int = 3, length: int = 12) -> tuple[torch.Tensor, torch.Tens
 def _generate(models: Models, path: str, head_type: str | None, max_new_tokens: int) -> torch.Tensor:
     kind, kwargs = PATHS[path]
     ids, mask = _prompts()
-    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
+    # Fixed costs: the same drafts and widths at every round, whatever the machine's load (measured timings would
+    # let a busy machine try widths, and fill shape-keyed caches, that a quiet one never reaches).
+    common = dict(
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, speculative_costs=COSTS
+    )
     if kind == "medusa":
         assert head_type is not None
         return models.medusa[head_type].generate(**common, medusa=True, **kwargs)

@@ -69,8 +69,8 @@ class _DataDependentOps(TorchDispatchMode):
             elif name in ("aten::index.Tensor", "aten::index_put_", "aten::index_put") or name.startswith(
                 "aten::index"
             ):
-                indices = args[1] if len(args) > 1 else ()
-                if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
+                indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+                if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
                     self._count("boolean mask indexing")
             elif name == "aten::repeat_interleave.Tensor":
                 self._count("repeat_interleave")

@@ -120,3 +120,8 @@ def with_stop_strings(
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     kwargs["stopping_criteria"] = criteria
     return generation_config, kwargs
+
+
+def cache_given(kwargs: dict[str, Any]) -> bool:
+    """Whether the call continues from a cache of the caller's (`cache=`, or its former name `past_key_values=`)."""
+    return any(kwargs.get(name) is not None for name in ("cache", "past_key_values"))

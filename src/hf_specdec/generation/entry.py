@@ -33,6 +33,7 @@ from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
+    cache_given,
     lookup_settings,
     passed,
     requested,
@@ -191,6 +192,7 @@ def speculative_generate(
         assistant_vocab=assistant_vocab,
         tree=None if tree is None else draft_tree_spec(tree),
         streamer=kwargs.get("streamer"),
+        continue_cache=cache_given(kwargs),
     )
     return plain(inputs, generation_config, custom_generate=decode, **kwargs)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
+from transformers.cache_utils import Cache
 
 from hf_specdec.generation.kv_cache import AttentionLayout
 from hf_specdec.generation.validation import check_architecture, output_vocab_size
@@ -98,7 +99,8 @@ def check_prompts(model: PreTrainedModel, input_ids: torch.Tensor, attention_mas
 def check_generate_arguments(model: PreTrainedModel, inputs: Any, kwargs: dict[str, Any], path: str) -> None:
     """Refuse, before transformers prepares anything, the `generate()` arguments no speculative path can take: a
     target that cannot decode speculatively, prompts that are not a 2D tensor of ids (or embeddings instead of
-    ids), a cache to continue from, and arguments of the wrong type that transformers would fail on deep inside.
+    ids), a cache passed under both its names, and arguments of the wrong type that transformers would fail on
+    deep inside.
 
     Args:
         model (`PreTrainedModel`): the target (the base of Medusa heads).
@@ -107,11 +109,13 @@ def check_generate_arguments(model: PreTrainedModel, inputs: Any, kwargs: dict[s
         path (`str`): how the messages name the speculative path, e.g. "`assistant=`".
     """
     check_architecture(model, "target")
+    if kwargs.get("cache") is not None and kwargs.get("past_key_values") is not None:
+        raise ValueError("`cache=` and `past_key_values=` both pass a cache: pass it once (`cache=`).")
     for name in ("cache", "past_key_values"):
-        if kwargs.get(name) is not None:
+        if kwargs.get(name) is not None and not isinstance(kwargs[name], Cache):
             raise ValueError(
-                f"`{name}=` cannot be passed with {path}: speculative decoding builds and rolls back its own KV "
-                f"caches. Drop `{name}=`, or call generate() without {path} to continue from a cache."
+                f"`{name}=` takes a transformers Cache (e.g. `DynamicCache()`, or `out.cache` of an earlier call), "
+                f"got {type(kwargs[name]).__name__}."
             )
     if kwargs.get("inputs_embeds") is not None:
         raise ValueError(

@@ -173,7 +173,7 @@ class CachedSequence:
         self._call = model  # the forward of steps after the first: the model, or its compiled call
         self._dtype = model.dtype  # of the masks (`model.dtype` looks through the parameters at every call)
         self.compiled = False
-        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         # Logical positions of the slots, which only sliding-window masks read: kept for those models alone.
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
@@ -271,7 +271,7 @@ class CachedSequence:
             if logits_to_keep:
                 logits_to_keep += pad
         mask = self._mask(None if all_valid and not pad else new_valid, new_positions, structure, recent)
-        extra = {"logits_to_keep": logits_to_keep} if self._takes_logits_to_keep else {}
+        extra = {"logits_to_keep": logits_to_keep} if self.takes_logits_to_keep else {}
         inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         call = {"attention_mask": mask, "position_ids": new_positions, "cache": self.cache, "use_cache": True}
         if first:

@@ -24,6 +24,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.drafters.base import DrafterFactory
+from hf_specdec.generation.continuation import Continuation
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.inputs import check_prompts
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
@@ -51,6 +52,7 @@ def decode(
     typical_delta: float = 0.3,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
+    continue_cache: bool = False,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
     """The speculative decoding loop, for any drafter.
@@ -70,8 +72,12 @@ def decode(
         typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
         streamer (`BaseStreamer`, *optional*): receives each step's committed tokens (batch size 1).
         generator (`torch.Generator`, *optional*): randomness for sampling, for reproducible runs.
-        model_kwargs: `attention_mask` `(batch, prompt)`, 0 on left padding (`None` when there is none);
-            the cache and positions `generate()` prepared are ignored, anything else is refused.
+        continue_cache (`bool`): whether `model_kwargs["cache"]` is the caller's (`cache=` / `past_key_values=`):
+            the loop continues from it and leaves it as plain decoding would (`Continuation`). Otherwise the cache
+            `generate()` prepared is filled only at batch size 1 with `return_dict_in_generate=True` (it is then
+            the output's `cache`).
+        model_kwargs: `attention_mask` `(batch, prompt)`, 0 on left padding (`None` when there is none), and
+            `cache`; the positions `generate()` prepared are ignored, anything else is refused.
 
     Returns:
         `torch.LongTensor` `(batch, prompt + new)` on the device of `input_ids`, or a
@@ -83,18 +89,23 @@ def decode(
     if acceptance == "typical" and not generation_config.do_sample:
         raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
     attention_mask = model_kwargs.pop("attention_mask", None)
+    cache = model_kwargs.pop("cache", None)
     reject_model_kwargs(model_kwargs)
     check_prompts(model, input_ids, attention_mask)
     check_position_limits(model, generation_config.max_length)
     input_device = input_ids.device
     input_ids = input_ids.to(device=model.device, dtype=torch.long)  # plain generate() takes any integer ids
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(model.device)
+    continuation = None
+    fill_output = input_ids.shape[0] == 1 and generation_config.return_dict_in_generate
+    if cache is not None and (continue_cache or fill_output):
+        continuation = Continuation(cache, input_ids, attention_mask, path)
     accept = AcceptanceRule(
         bool(generation_config.do_sample), acceptance == "typical", typical_epsilon, typical_delta, generator
     )
     run = DecodingRun(
         model, input_ids, attention_mask, logits_processor, stopping_criteria, generation_config, make_drafter,
-        costs, plain_steps, generator,
+        costs, plain_steps, generator, continuation,
     )  # fmt: skip
     run.prefill(input_ids, attention_mask, streamer)
     while run.next_step():
@@ -105,7 +116,7 @@ def decode(
     return run.finish(streamer, input_device)
 
 
-_IGNORED_KWARGS = {"cache", "use_cache", "position_ids", "logits_to_keep"}
+_IGNORED_KWARGS = {"use_cache", "position_ids", "logits_to_keep"}
 
 
 def reject_model_kwargs(model_kwargs: dict[str, Any]) -> None:

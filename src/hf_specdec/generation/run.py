@@ -20,6 +20,7 @@ from hf_specdec.generation.acceptance import (
     sample_accept_tree,
     typical_accept_tree,
 )
+from hf_specdec.generation.continuation import Continuation
 from hf_specdec.generation.decisions import CostModel, SpeculationGate
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
@@ -75,6 +76,8 @@ class DecodingRun:
         costs (`CostModel`): the call's cost model; the run measures it after every step.
         plain_steps (`bool`): let the speculation gate take plain steps where drafting does not pay.
         generator (`torch.Generator`, *optional*): randomness for sampling.
+        continuation (`Continuation`, *optional*): the caller's cache to continue from and fill as plain decoding
+            does; its cached columns of `input_ids` are not prefilled again.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class DecodingRun:
         costs: CostModel,
         plain_steps: bool,
         generator: torch.Generator | None,
+        continuation: Continuation | None = None,
     ) -> None:
         batch, device = input_ids.shape[0], input_ids.device
         self.model, self.generation_config = model, generation_config
@@ -112,6 +116,13 @@ class DecodingRun:
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)
         self.hidden_states = self.drafter.needs_hidden_states
+        self.continuation = continuation
+        if continuation is not None and continuation.cached and getattr(self.drafter, "reads_prompt_states", False):
+            raise ValueError(
+                f"{type(self.drafter).__name__} reads the target's hidden state at every prompt position, which a "
+                "cache does not keep: call without `cache=` (the whole text is prefilled), or continue with plain "
+                "`generate()`."
+            )
         self.buffer: TokenBuffer  # set by `prefill`
         self.outcome: StepOutcome  # the last step's, as host values
         self.last_token: torch.Tensor  # (A,) each active row's last committed token: the next tree's root
@@ -122,14 +133,20 @@ class DecodingRun:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, streamer: BaseStreamer | None) -> None:
         """Prefill the target (and the drafter) on the prompts; the target's last logits give the first token."""
         valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
+        done = 0  # columns the caller's cache holds already
+        if self.continuation is not None:
+            self.continuation.seed(self.target, positions)
+            done = self.continuation.cached
         out = self.target.forward(
-            input_ids,
-            valid,
-            positions,
-            chain_structure(input_ids.shape[1], input_ids.device),
+            input_ids[:, done:],
+            valid[:, done:],
+            positions[:, done:],
+            chain_structure(input_ids.shape[1] - done, input_ids.device),
             logits_to_keep=1,
             output_hidden_states=self.hidden_states,
         )
+        if self.continuation is not None:
+            self.continuation.prefilled(self.target)
         # Scratch after max_length: a step's drafted path plus the token the target adds (no path is longer than
         # the tokens left to generate, whatever a drafter's most per step).
         config = self.generation_config
@@ -271,12 +288,16 @@ class DecodingRun:
             streamer.end()
         config, buffer, recorder = self.generation_config, self.buffer, self.recorder
         pad = config._pad_token_tensor
-        sequences = buffer.sequences(int(pad) if pad is not None else 0).to(device)
+        sequences = buffer.sequences(int(pad) if pad is not None else 0)
+        cache = None
+        if self.continuation is not None:
+            cache = self.continuation.finish(self.model, self.target, sequences)
+        sequences = sequences.to(device)
         if not config.return_dict_in_generate:
             return sequences
         recorder.trim(buffer.lengths - buffer.prompt_length)
         return SpeculativeDecoderOnlyOutput(
-            sequences=sequences, scores=recorder.scores(), logits=recorder.logits(), speculative=self.stats
+            sequences=sequences, scores=recorder.scores(), logits=recorder.logits(), cache=cache, speculative=self.stats
         )
 
 

@@ -44,6 +44,8 @@ class EagleDrafter:
     """
 
     needs_hidden_states = True
+    #: The decoder layer is fed the target's hidden state at every prompt position (a cache to continue from has none).
+    reads_prompt_states = True
 
     def __init__(
         self,

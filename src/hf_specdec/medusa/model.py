@@ -18,6 +18,7 @@ from hf_specdec import zoo
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
+    cache_given,
     lookup_settings,
     passed,
     requested,
@@ -430,6 +431,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             costs=costs,
             adaptive=adaptive,
             streamer=kwargs.get("streamer"),
+            continue_cache=cache_given(kwargs),
         )
         return self.base.generate(*args, generation_config=generation_config, custom_generate=decode, **kwargs)
 
