@@ -454,6 +454,10 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
     def generation_config(self, value: GenerationConfig) -> None:
         self.base.generation_config = value
 
+    def can_generate(self) -> bool:
+        """A heads model generates (transformers' pipelines ask)."""
+        return True
+
     @property
     def base_trains(self) -> bool:
         """Whether any of the base's weights train (Medusa-2, e.g. through LoRA adapters)."""
