@@ -135,6 +135,24 @@ def test_prompt_lookup_methods_run_without_a_draft(batch_size: int) -> None:
         assert "batch size 1" in result.skipped["hf-lookup"]
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_early_exit_methods_run_beside_transformers_own(batch_size: int) -> None:
+    assert method_by_name("early-exit-1-lookup").kwargs == {"assistant_early_exit": 1, "prompt_lookup_num_tokens": 10}
+    for bad in ("hf-early-exit-1-lookup", "early-exit-0"):
+        with pytest.raises(ValueError, match="Unknown method"):
+            method_by_name(bad)
+    names = ["plain", "early-exit-1", "early-exit-1-lookup", "hf-early-exit-1"]
+    target = tiny_target("llama")
+    result = run_benchmark(target, _tokenizer(), PROMPTS, [method_by_name(n) for n in names], batch_size=batch_size)
+    summary = result.summary()
+    for name in names[1:3]:
+        assert summary[name]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}", (name, summary[name])
+    if batch_size == 1:
+        assert summary["hf-early-exit-1"]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+    else:
+        assert "batch size 1" in result.skipped["hf-early-exit-1"]
+
+
 def test_draft_tree_methods_by_size_run_and_keep_identity() -> None:
     from hf_specdec import DynamicTree
 

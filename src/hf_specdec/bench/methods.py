@@ -24,7 +24,9 @@ class Method:
             `"{draft_int8}"` by an int8 copy of the draft (`hf_specdec.bench.quantized`, CPU only).
         uses: `"plain"`, `"hf-assistant"` (transformers' own assisted generation with a draft model),
             `"hf-lookup"` (transformers' own prompt lookup), `"specdec"` (this library with a draft model),
-            `"lookup"` (this library's prompt lookup) or `"medusa"` (this library's Medusa heads).
+            `"lookup"` (this library's prompt lookup), `"early-exit"` (this library's self-speculation from the
+            target's first layers), `"hf-early-exit"` (transformers' own) or `"medusa"` (this library's Medusa
+            heads).
     """
 
     name: str
@@ -94,6 +96,9 @@ METHODS: dict[str, Method] = {
 _MEDUSA_TREE = re.compile(r"medusa-(dyn)?([1-9][0-9]*)(-lookup)?")
 # Draft-model trees by size: `specdec-treeN` (N nodes, the default shape), `specdec-treeN-dD-kK` (depth D, top_k K),
 # with `-vocab` over the benchmark's draft vocabulary (as `specdec-vocab`).
+# Self-speculation from the target's first N layers: `early-exit-N` (this library), `hf-early-exit-N` (transformers'
+# own), with `-lookup` (prompt lookup beside it, this library only).
+_EARLY_EXIT = re.compile(r"(hf-)?early-exit-([1-9][0-9]*)(-lookup)?")
 _DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?(-vocab)?")
 
 
@@ -103,6 +108,11 @@ def method_by_name(name: str) -> Method:
     `specdec-tree16-vocab`."""
     if name in METHODS:
         return METHODS[name]
+    early_exit = _EARLY_EXIT.fullmatch(name)
+    if early_exit is not None and not (early_exit.group(1) and early_exit.group(3)):
+        theirs, layers, lookup = early_exit.groups()
+        kwargs = {"assistant_early_exit": int(layers)} | ({"prompt_lookup_num_tokens": 10} if lookup else {})
+        return Method(name, "hf-early-exit" if theirs else "early-exit", kwargs)
     tree = _DRAFT_TREE.fullmatch(name)
     if tree is not None:
         size, depth, top_k, vocab = tree.groups()
@@ -117,7 +127,8 @@ def method_by_name(name: str) -> Method:
     if match is None:
         raise ValueError(
             f"Unknown method {name!r}; choose from {sorted(METHODS)}, medusa-N / medusa-dynN[-lookup] for N nodes, "
-            "or specdec-treeN[-dD][-kK][-vocab] for a draft model's tree."
+            "specdec-treeN[-dD][-kK][-vocab] for a draft model's tree, or [hf-]early-exit-N[-lookup] for drafts from "
+            "the target's first N layers."
         )
     dynamic, size, lookup = match.groups()
     kwargs: dict[str, Any] = {"medusa": True, "tree": DynamicTree(num_nodes=int(size)) if dynamic else int(size)}

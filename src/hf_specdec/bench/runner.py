@@ -82,7 +82,7 @@ def _run_method(
     draft_int8: PreTrainedModel | None = None,
 ) -> tuple[torch.Tensor, float, Any, int | None]:
     kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab, draft_int8)}
-    speculative = method.uses in ("specdec", "lookup", "medusa")
+    speculative = method.uses in ("specdec", "lookup", "early-exit", "medusa")
     if speculative:
         kwargs["return_dict_in_generate"] = True
     model = medusa if method.uses == "medusa" else target
