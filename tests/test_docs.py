@@ -32,6 +32,7 @@ def test_usage_examples_run(monkeypatch) -> None:
         return compile_with_inductor(model, backend="eager", **options)
 
     monkeypatch.setattr(torch, "compile", compile_eagerly)
+    monkeypatch.chdir(DOCS.parent)  # the page's paths are relative to the repository's root
     namespace: dict = {}
     for block in python_blocks(DOCS / "usage.md"):
         exec(compile(block, str(DOCS / "usage.md"), "exec"), namespace)
