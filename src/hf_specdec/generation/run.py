@@ -111,7 +111,8 @@ class DecodingRun:
         self.costs = costs
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)
-        self.hidden_states = self.drafter.needs_hidden_states
+        # The target's last hidden state alone, when the drafter reads it (not every layer's).
+        self.hidden_states: int | bool = -1 if self.drafter.needs_hidden_states else False
         self.buffer: TokenBuffer  # set by `prefill`
         self.outcome: StepOutcome  # the last step's, as host values
         self.last_token: torch.Tensor  # (A,) each active row's last committed token: the next tree's root
