@@ -22,6 +22,7 @@ keeps plain greedy's tokens whatever the drafts.
 from __future__ import annotations
 
 import torch
+from transformers.modeling_layers import MtpModel
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, chain_proposal
 from hf_specdec.drafters.draft_model import draft_distribution
@@ -30,7 +31,6 @@ from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.masks import chain_structure
-from transformers.modeling_layers import MtpModel
 
 
 class MtpDrafter:

@@ -1,0 +1,257 @@
+"""Drafting with the target's own multi-token-prediction (MTP) layers (`mtp_decode`, what
+`generate(use_mtp=True)` runs): the drafts are those of transformers' `MtpModel`, greedy decoding keeps plain
+greedy's tokens at any batch size, sampling keeps the target's distribution, and models without MTP layers are
+refused.
+
+The models are tiny random ones of architectures transformers gives MTP layers (GLM-4.5 MoE, DeepSeek-V3), with
+their MTP layers built in memory from the model (`MtpModel(model, k)`) and attached to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers.cache_utils import MtpCache
+from transformers.modeling_layers import MtpModel
+
+from hf_specdec.drafters.mtp import MtpDrafter
+from hf_specdec.drafters.mtp_decoding import mtp_decode
+from hf_specdec.drafters.mtp_layers import attach_mtp, mtp_layers
+from hf_specdec.generation.decisions import SpeculationGate, SpeculativeCosts
+from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
+
+PAD = 0
+ARCHITECTURES = {
+    "glm4_moe": {
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "head_dim": 8,
+    },
+    "deepseek_v3": {
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 8,
+        "qk_rope_head_dim": 4,
+        "qk_nope_head_dim": 4,
+        "v_head_dim": 8,
+        "num_key_value_heads": 4,  # multi-head latent attention: as many key/value heads as query heads
+    },
+}
+
+
+def tiny_mtp_model(architecture: str, num_mtp_layers: int, vocab: int, seed: int = 0) -> PreTrainedModel:
+    """A seeded random float32 model of `architecture` with `num_mtp_layers` random MTP layers attached."""
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        architecture,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_mtp_layers=num_mtp_layers,
+        max_position_embeddings=256,
+        pad_token_id=PAD,
+        eos_token_id=None,  # rows run to the length limit unless a test sets an EOS
+        **{"num_attention_heads": 4, "num_key_value_heads": 2, **ARCHITECTURES[architecture]},
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    mtp = MtpModel(model, num_mtp_layers).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # MtpModel leaves some weights (the experts') uninitialised
+        for parameter in mtp.layers.parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(1 + 0.1 * noise if parameter.dim() == 1 else 0.3 * noise)
+    attach_mtp(model, mtp)
+    return model
+
+
+def ragged_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three left-padded prompts of 9, 6 and 2 tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab, (3, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :3] = 0
+    attention_mask[2, :7] = 0
+    return input_ids.masked_fill(attention_mask == 0, PAD), attention_mask
+
+
+def mtp_generate(model: PreTrainedModel, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+    """`generate()` with the MTP loop, as `generate(use_mtp=True)` hands it over."""
+    options = {k: kwargs.pop(k) for k in ("adaptive", "costs") if k in kwargs}
+    decode = functools.partial(mtp_decode, **options)
+    kwargs.setdefault("pad_token_id", PAD)
+    return model.generate(input_ids, custom_generate=decode, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The drafts are transformers' MTP drafts
+# ---------------------------------------------------------------------------------------------------------
+
+
+def reference_drafts(model: PreTrainedModel, tokens: torch.Tensor) -> torch.Tensor:
+    """transformers' MTP drafts `(K,)` after `tokens` `(n+1,)`, recomputed from scratch: the target's last hidden
+    states on every token but the last, then `MtpModel` over the whole text."""
+    n = tokens.shape[0] - 1
+    hidden = model(tokens[None, :n], output_hidden_states=-1).hidden_states[-1]
+    mtp = mtp_layers(model)
+    drafts, _, _ = mtp(
+        input_ids=tokens[None, 1:],
+        last_hidden_states=hidden,
+        attention_mask=None,
+        position_ids=torch.arange(1, n + 1)[None],
+        mtp_cache=MtpCache(config=model.config.get_mtp_config()),
+    )
+    return drafts[0]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "num_mtp_layers"), [("glm4_moe", 1), ("glm4_moe", 2), ("glm4_moe", 3), ("deepseek_v3", 1)]
+)
+@pytest.mark.parametrize("plain_steps", [False, True])
+@torch.no_grad()
+def test_drafts_are_transformers_mtp_drafts(
+    architecture: str, num_mtp_layers: int, plain_steps: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step's drafts, in every row of a left-padded batch, are the ones transformers' `MtpModel` drafts
+    from the committed text, also after plain steps (every third step here)."""
+    vocab = 4  # drafts are often right: steps accept 0, 1 and more tokens
+    model = tiny_mtp_model(architecture, num_mtp_layers, vocab, seed=1)
+    input_ids, attention_mask = ragged_batch(vocab)
+    if plain_steps:
+        pattern = itertools.cycle([True, True, False])
+        monkeypatch.setattr(SpeculationGate, "speculate", lambda self, rows: next(pattern))
+    records: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    propose = MtpDrafter.propose
+
+    def recording_propose(self: MtpDrafter, buffer: Any, last_token: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        proposal = propose(self, buffer, last_token, *args, **kwargs)
+        for i, row in enumerate(buffer.active.tolist()):
+            records.append((row, buffer.tokens[row, : int(buffer.lengths[row])].clone(), proposal.nodes[i, 1:]))
+        return proposal
+
+    monkeypatch.setattr(MtpDrafter, "propose", recording_propose)
+    out = mtp_generate(
+        model,
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=24,
+        do_sample=False,
+        adaptive=plain_steps,
+        return_dict_in_generate=True,
+    )
+    pads = (1 - attention_mask).sum(dim=1).tolist()
+    assert records
+    for row, tokens, drafts in records:
+        expected = reference_drafts(model, tokens[pads[row] :])[: drafts.shape[0]]
+        assert torch.equal(drafts, expected), (row, tokens, drafts, expected)
+    assert int(out.speculative.accepted_tokens.sum()) > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Greedy identity
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("architecture", "num_mtp_layers"), [("glm4_moe", 2), ("deepseek_v3", 1)])
+@pytest.mark.parametrize("batch", [1, 3])
+@torch.no_grad()
+def test_greedy_matches_plain_generate(architecture: str, num_mtp_layers: int, batch: int) -> None:
+    model = tiny_mtp_model(architecture, num_mtp_layers, vocab=32, seed=3)
+    input_ids, attention_mask = ragged_batch(32, seed=4)
+    input_ids, attention_mask = input_ids[:batch], attention_mask[:batch]
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 30, "do_sample": False, "pad_token_id": PAD}
+    expected = model.generate(input_ids, **kwargs)
+    for adaptive in (False, True):
+        out = mtp_generate(model, input_ids, adaptive=adaptive, return_dict_in_generate=True, **kwargs)
+        assert torch.equal(out.sequences, expected)
+        assert int(out.speculative.draft_forwards) > 0
+
+
+@torch.no_grad()
+def test_greedy_stops_where_plain_generate_stops() -> None:
+    """An EOS inside an accepted chain ends the row there, as in plain decoding."""
+    model = tiny_mtp_model("glm4_moe", 3, vocab=8, seed=5)
+    input_ids, attention_mask = ragged_batch(8, seed=6)
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 30, "do_sample": False, "pad_token_id": PAD}
+    for eos in range(1, 8):
+        expected = model.generate(input_ids, eos_token_id=eos, **kwargs)
+        out = mtp_generate(model, input_ids, eos_token_id=eos, adaptive=False, **kwargs)
+        assert torch.equal(out, expected), eos
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling keeps the target's distribution
+# ---------------------------------------------------------------------------------------------------------
+
+SAMPLE_VOCAB = 8
+MAX_NEW = 4
+NUM_SAMPLES = 4000
+ALPHA = 1e-3
+PROMPTS = ((1, 5, 2, 7, 3), (6, 4))
+CHECKS = (("token 1", slice(0, 1)), ("tokens 1-2", slice(0, 2)), ("tokens 2-3", slice(1, 3)), ("token 4", slice(3, 4)))
+
+
+@functools.cache
+def _sampling_model() -> PreTrainedModel:
+    model = tiny_mtp_model("glm4_moe", 2, SAMPLE_VOCAB, seed=7)
+    with torch.no_grad():  # peakier target and drafts: drafts are accepted and rejected often
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["plain", "warped"])
+@torch.no_grad()
+def test_sampling_keeps_the_target_distribution(mode: str) -> None:
+    """Left-padded ragged batch of copies of two prompts: every row's tokens follow the target's exact
+    distribution (chi-square, p >= 1e-3 for every check; the seed is fixed)."""
+    sampling = {"temperature": 1.0, "top_k": None, "top_p": None}
+    if mode == "warped":
+        sampling = {"temperature": 0.7, "top_k": 6, "top_p": 0.9}
+    model = _sampling_model()
+    decode = functools.partial(mtp_decode, adaptive=False, costs=SpeculativeCosts(0.1, 0.0))
+    kwargs = {k: v for k, v in sampling.items() if v is not None}
+    samples, stats = sample_copies(
+        model, PROMPTS, NUM_SAMPLES, PAD, MAX_NEW, seed=1234, custom_generate=decode, **kwargs
+    )
+    drafted, accepted = stats.drafted_at_position, stats.accepted_at_position
+    assert bool((accepted > 0).all() and (accepted < drafted).all()), (drafted, accepted)
+    warpers = sampling_warpers(**sampling)
+    for prompt, rows in zip(PROMPTS, samples, strict=True):
+        joint = exact_joint(model, prompt, warpers, SAMPLE_VOCAB, MAX_NEW)
+        for name, columns in CHECKS:
+            p = chisquare_pvalue(rows[:, columns], marginal(joint, columns))
+            assert p >= ALPHA, (prompt, name, p)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Refusal
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_model_without_mtp_layers_is_refused() -> None:
+    config = LlamaConfig(
+        vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="no multi-token-prediction layers"):
+        mtp_generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)
+    zero = tiny_mtp_model("glm4_moe", 1, vocab=16)
+    zero.config.num_mtp_layers = 0
+    with pytest.raises(ValueError, match="no multi-token-prediction layers"):
+        mtp_layers(AutoModelForCausalLM.from_config(zero.config))
