@@ -1,7 +1,7 @@
 """Drafting with the target's own multi-token-prediction (MTP) layers (`mtp_decode`, what
-`generate(use_mtp=True)` runs): the drafts are those of transformers' `MtpModel`, greedy decoding keeps plain
-greedy's tokens at any batch size, sampling keeps the target's distribution, and models without MTP layers are
-refused.
+`generate(use_mtp=True)` runs): the drafts are those of transformers' `MtpModel` (chains; trees hold them at
+their first depth), greedy decoding keeps plain greedy's tokens at any batch size, sampling keeps the target's
+distribution, and models without MTP layers are refused.
 
 The models are tiny random ones of architectures transformers gives MTP layers (GLM-4.5 MoE, DeepSeek-V3), with
 their MTP layers built in memory from the model (`MtpModel(model, k)`) and attached to it.
@@ -23,6 +23,8 @@ from hf_specdec.drafters.mtp import MtpDrafter
 from hf_specdec.drafters.mtp_decoding import mtp_decode
 from hf_specdec.drafters.mtp_layers import attach_mtp, mtp_layers
 from hf_specdec.generation.decisions import SpeculationGate, SpeculativeCosts
+from hf_specdec.medusa.eagle_drafter import EagleDrafter
+from hf_specdec.trees.dynamic import DynamicTree
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
 
 PAD = 0
@@ -93,7 +95,7 @@ def ragged_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
 
 def mtp_generate(model: PreTrainedModel, input_ids: torch.Tensor, **kwargs: Any) -> Any:
     """`generate()` with the MTP loop, as `generate(use_mtp=True)` hands it over."""
-    options = {k: kwargs.pop(k) for k in ("adaptive", "costs") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("adaptive", "costs", "tree") if k in kwargs}
     decode = functools.partial(mtp_decode, **options)
     kwargs.setdefault("pad_token_id", PAD)
     return model.generate(input_ids, custom_generate=decode, **kwargs)
@@ -163,6 +165,41 @@ def test_drafts_are_transformers_mtp_drafts(
     assert int(out.speculative.accepted_tokens.sum()) > 0
 
 
+@pytest.mark.parametrize("architecture", ["glm4_moe", "deepseek_v3"])
+@torch.no_grad()
+def test_a_tree_holds_the_mtp_draft_at_its_first_depth(architecture: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `tree=`, every step's tree has transformers' MTP draft among the root's children."""
+    model = tiny_mtp_model(architecture, 1, vocab=4, seed=1)
+    input_ids, attention_mask = ragged_batch(4)
+    records: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    propose = EagleDrafter.propose
+
+    def recording_propose(self: EagleDrafter, buffer: Any, *args: Any, **kwargs: Any) -> Any:
+        proposal = propose(self, buffer, *args, **kwargs)
+        for i, row in enumerate(buffer.active.tolist()):
+            children = proposal.nodes[i][(proposal.trees.depths[i] == 1) & proposal.trees.real[i]]
+            records.append((row, buffer.tokens[row, : int(buffer.lengths[row])].clone(), children))
+        return proposal
+
+    monkeypatch.setattr(EagleDrafter, "propose", recording_propose)
+    out = mtp_generate(
+        model,
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=20,
+        do_sample=False,
+        tree=8,
+        adaptive=False,
+        return_dict_in_generate=True,
+    )
+    pads = (1 - attention_mask).sum(dim=1).tolist()
+    assert records
+    for row, tokens, children in records:
+        draft = reference_drafts(model, tokens[pads[row] :])[0]
+        assert bool((children == draft).any()), (row, tokens, children, draft)
+    assert int(out.speculative.accepted_tokens.sum()) > 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Greedy identity
 # ---------------------------------------------------------------------------------------------------------
@@ -179,6 +216,21 @@ def test_greedy_matches_plain_generate(architecture: str, num_mtp_layers: int, b
     expected = model.generate(input_ids, **kwargs)
     for adaptive in (False, True):
         out = mtp_generate(model, input_ids, adaptive=adaptive, return_dict_in_generate=True, **kwargs)
+        assert torch.equal(out.sequences, expected)
+        assert int(out.speculative.draft_forwards) > 0
+
+
+@pytest.mark.parametrize("architecture", ["glm4_moe", "deepseek_v3"])
+@pytest.mark.parametrize("batch", [1, 3])
+@torch.no_grad()
+def test_greedy_with_trees_matches_plain_generate(architecture: str, batch: int) -> None:
+    model = tiny_mtp_model(architecture, 1, vocab=32, seed=3)
+    input_ids, attention_mask = ragged_batch(32, seed=4)
+    input_ids, attention_mask = input_ids[:batch], attention_mask[:batch]
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 30, "do_sample": False, "pad_token_id": PAD}
+    expected = model.generate(input_ids, **kwargs)
+    for adaptive, tree in ((False, 8), (True, DynamicTree(12, depth=3, top_k=3))):
+        out = mtp_generate(model, input_ids, tree=tree, adaptive=adaptive, return_dict_in_generate=True, **kwargs)
         assert torch.equal(out.sequences, expected)
         assert int(out.speculative.draft_forwards) > 0
 
@@ -208,29 +260,33 @@ CHECKS = (("token 1", slice(0, 1)), ("tokens 1-2", slice(0, 2)), ("tokens 2-3", 
 
 
 @functools.cache
-def _sampling_model() -> PreTrainedModel:
-    model = tiny_mtp_model("glm4_moe", 2, SAMPLE_VOCAB, seed=7)
+def _sampling_model(num_mtp_layers: int) -> PreTrainedModel:
+    model = tiny_mtp_model("glm4_moe", num_mtp_layers, SAMPLE_VOCAB, seed=7)
     with torch.no_grad():  # peakier target and drafts: drafts are accepted and rejected often
         model.lm_head.weight.mul_(6.0)
     return model
 
 
-@pytest.mark.parametrize("mode", ["plain", "warped"])
+@pytest.mark.parametrize(
+    ("mode", "num_mtp_layers", "tree"), [("plain", 2, None), ("warped", 2, None), ("plain", 1, 8), ("warped", 1, 8)]
+)
 @torch.no_grad()
-def test_sampling_keeps_the_target_distribution(mode: str) -> None:
+def test_sampling_keeps_the_target_distribution(mode: str, num_mtp_layers: int, tree: int | None) -> None:
     """Left-padded ragged batch of copies of two prompts: every row's tokens follow the target's exact
-    distribution (chi-square, p >= 1e-3 for every check; the seed is fixed)."""
+    distribution (chi-square, p >= 1e-3 for every check; the seed is fixed), with chains and with trees."""
     sampling = {"temperature": 1.0, "top_k": None, "top_p": None}
     if mode == "warped":
         sampling = {"temperature": 0.7, "top_k": 6, "top_p": 0.9}
-    model = _sampling_model()
-    decode = functools.partial(mtp_decode, adaptive=False, costs=SpeculativeCosts(0.1, 0.0))
+    model = _sampling_model(num_mtp_layers)
+    decode = functools.partial(mtp_decode, tree=tree, adaptive=False, costs=SpeculativeCosts(0.1, 0.0))
     kwargs = {k: v for k, v in sampling.items() if v is not None}
     samples, stats = sample_copies(
         model, PROMPTS, NUM_SAMPLES, PAD, MAX_NEW, seed=1234, custom_generate=decode, **kwargs
     )
-    drafted, accepted = stats.drafted_at_position, stats.accepted_at_position
-    assert bool((accepted > 0).all() and (accepted < drafted).all()), (drafted, accepted)
+    if tree is None:
+        drafted, accepted = stats.drafted_at_position, stats.accepted_at_position
+        assert bool((accepted > 0).all() and (accepted < drafted).all()), (drafted, accepted)
+    assert 0 < int(stats.accepted_tokens.sum()) < int(stats.drafted_tokens.sum())
     warpers = sampling_warpers(**sampling)
     for prompt, rows in zip(PROMPTS, samples, strict=True):
         joint = exact_joint(model, prompt, warpers, SAMPLE_VOCAB, MAX_NEW)
@@ -255,3 +311,9 @@ def test_a_model_without_mtp_layers_is_refused() -> None:
     zero.config.num_mtp_layers = 0
     with pytest.raises(ValueError, match="no multi-token-prediction layers"):
         mtp_layers(AutoModelForCausalLM.from_config(zero.config))
+
+
+def test_trees_need_a_single_mtp_layer() -> None:
+    model = tiny_mtp_model("glm4_moe", 2, vocab=16)
+    with pytest.raises(ValueError, match="grows trees from a single MTP layer"):
+        mtp_generate(model, torch.tensor([[1, 2, 3]]), tree=8, max_new_tokens=3, do_sample=False)

@@ -26,7 +26,7 @@ from transformers.modeling_layers import MtpModel
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, chain_proposal
 from hf_specdec.drafters.draft_model import draft_distribution
-from hf_specdec.drafters.mtp_layers import MtpLayerStep, layer_sequence
+from hf_specdec.drafters.mtp_layers import MtpLayerStep, layer_sequence, mtp_logits
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
@@ -48,9 +48,8 @@ class MtpDrafter:
         self.steps = [MtpLayerStep(mtp, k) for k in range(len(mtp.layers))]
         self.num_layers = len(self.steps)
         self.max_depth = self.num_layers
+        self.mtp = mtp
         self.embeddings = mtp.embed_tokens
-        self.head = mtp.shared_head
-        self.multiplier = getattr(mtp.config, "logits_mup_width_multiplier", None)
         self.processors, self.do_sample, self.generator = context.processors, context.do_sample, context.generator
         self.vocab_size = context.vocab_size
         self.reads = context.reads
@@ -153,7 +152,7 @@ class MtpDrafter:
             ).last_hidden_state  # (A, span, H)
             self._fed.append(span)
             last = out.gather(1, (count + k - 1)[:, None, None].expand(-1, 1, out.shape[-1]))  # (A, 1, H)
-            logits = self._logits(last).to(target_device)  # (A, 1, V)
+            logits = mtp_logits(self.mtp, last, self.vocab_size).to(target_device)  # (A, 1, V)
             if self.processors.processors:
                 scores = self.processors(buffer, buffer.active, lengths + k, logits)[:, 0]
             else:
@@ -219,16 +218,3 @@ class MtpDrafter:
         """`MtpLayerStep`'s input vectors: each slot's token embedding, then its feature."""
         embeds = self.embeddings(tokens.to(self.device)).to(features.dtype)
         return torch.cat([embeds, features], dim=-1)
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's logits `(A, 1, vocab)` for MTP features, through the shared lm_head as the target
-        applies it (a muP width multiplier; cut or padded to the target's vocabulary)."""
-        if self.multiplier is not None:
-            hidden = hidden / self.multiplier
-        logits = self.head(hidden).float()
-        size = logits.shape[-1]
-        if size > self.vocab_size:
-            return logits[..., : self.vocab_size]
-        if size < self.vocab_size:
-            return torch.nn.functional.pad(logits, (0, self.vocab_size - size), value=float("-inf"))
-        return logits

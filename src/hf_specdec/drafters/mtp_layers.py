@@ -120,6 +120,21 @@ class MtpLayerStep(nn.Module):
         return BaseModelOutputWithPast(last_hidden_state=hidden)
 
 
+def mtp_logits(mtp: MtpModel, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The target's float32 logits `(..., vocab_size)` for MTP features `(..., H)`, through the shared lm_head
+    as the target applies it (a muP width multiplier; cut or padded with -inf to the target's vocabulary)."""
+    multiplier = getattr(mtp.config, "logits_mup_width_multiplier", None)
+    if multiplier is not None:
+        hidden = hidden / multiplier
+    logits = mtp.shared_head(hidden).float()
+    size = logits.shape[-1]
+    if size > vocab_size:
+        return logits[..., :vocab_size]
+    if size < vocab_size:
+        return torch.nn.functional.pad(logits, (0, vocab_size - size), value=float("-inf"))
+    return logits
+
+
 def layer_sequence(
     step: MtpLayerStep, batch_size: int, device: torch.device, reads: HostReads | None
 ) -> CachedSequence:
