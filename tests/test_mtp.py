@@ -15,12 +15,21 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
 from transformers.cache_utils import MtpCache
 from transformers.modeling_layers import MtpModel
 
 from hf_specdec.drafters.mtp import MtpDrafter
 from hf_specdec.drafters.mtp_decoding import mtp_decode
+from hf_specdec.drafters.mtp_generate import generate_with_mtp, wants_mtp
 from hf_specdec.drafters.mtp_layers import attach_mtp, mtp_layers
 from hf_specdec.generation.decisions import SpeculationGate, SpeculativeCosts
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
@@ -296,15 +305,84 @@ def test_sampling_keeps_the_target_distribution(mode: str, num_mtp_layers: int, 
 
 
 # ---------------------------------------------------------------------------------------------------------
+# generate(use_mtp=True)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def routed_generate(
+    model: PreTrainedModel,
+    inputs: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    *args: Any,
+    assistant: PreTrainedModel | None = None,
+    assistant_vocab: Any = None,
+    tree: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """`SpeculativeGenerationMixin.generate` with its `use_mtp` routing: the lines it adds, then its own path."""
+    plain = functools.partial(GenerationMixin.generate, model)
+    if wants_mtp(model, generation_config, kwargs):
+        return generate_with_mtp(
+            model,
+            plain,
+            inputs,
+            generation_config,
+            args,
+            kwargs,
+            tree,
+            assistant=assistant,
+            assistant_vocab=assistant_vocab,
+        )
+    return plain(inputs, generation_config, *args, **kwargs)
+
+
+@torch.no_grad()
+def test_use_mtp_runs_the_library_loop() -> None:
+    """`use_mtp=True` (keyword or generation config) decodes in the library's loop at batch 3, with its
+    statistics, trees and schedules; transformers' own `use_mtp` path (batch 1 only) is not reached."""
+    model = tiny_mtp_model("glm4_moe", 1, vocab=32, seed=3)
+    input_ids, attention_mask = ragged_batch(32, seed=4)
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 20, "do_sample": False, "pad_token_id": PAD}
+    expected = model.generate(input_ids, **kwargs)
+    calls = (
+        {"use_mtp": True},
+        {"generation_config": GenerationConfig(use_mtp=True, max_new_tokens=20, pad_token_id=PAD)},
+        {"use_mtp": True, "tree": 8, "num_assistant_tokens_schedule": "constant"},
+    )
+    for extra in calls:
+        out = routed_generate(model, input_ids, return_dict_in_generate=True, **{**kwargs, **extra})
+        assert torch.equal(out.sequences, expected), extra
+        assert int(out.speculative.draft_forwards) > 0
+
+
+def test_use_mtp_refusals() -> None:
+    model = tiny_mtp_model("glm4_moe", 2, vocab=16)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="drop `assistant=`"):
+        routed_generate(model, ids, use_mtp=True, assistant=model, max_new_tokens=3)
+    with pytest.raises(ValueError, match="`num_assistant_tokens` cannot be combined"):
+        routed_generate(model, ids, use_mtp=True, num_assistant_tokens=4, max_new_tokens=3)
+    with pytest.raises(ValueError, match="'adaptive' or 'constant'"):
+        routed_generate(model, ids, use_mtp=True, num_assistant_tokens_schedule="heuristic", max_new_tokens=3)
+    with pytest.raises(ValueError, match="no multi-token-prediction layers"):
+        routed_generate(tiny_llama(), ids, use_mtp=True, max_new_tokens=3)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Refusal
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_a_model_without_mtp_layers_is_refused() -> None:
+def tiny_llama() -> PreTrainedModel:
+    """A model without MTP layers."""
     config = LlamaConfig(
         vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
     )
-    model = LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).eval()
+
+
+def test_a_model_without_mtp_layers_is_refused() -> None:
+    model = tiny_llama()
     with pytest.raises(ValueError, match="no multi-token-prediction layers"):
         mtp_generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)
     zero = tiny_mtp_model("glm4_moe", 1, vocab=16)
