@@ -3,8 +3,9 @@
 their first depth), greedy decoding keeps plain greedy's tokens at any batch size, sampling keeps the target's
 distribution, and models without MTP layers are refused.
 
-The models are tiny random ones of architectures transformers gives MTP layers (GLM-4.5 MoE, DeepSeek-V3), with
-their MTP layers built in memory from the model (`MtpModel(model, k)`) and attached to it.
+The models are tiny random ones of architectures transformers gives MTP layers (GLM-4.5 MoE, DeepSeek-V3,
+ERNIE 4.5 MoE, Mellum), with their MTP layers built in memory from the model (`MtpModel(model, k)`) and attached
+to it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,21 @@ ARCHITECTURES = {
         "qk_nope_head_dim": 4,
         "v_head_dim": 8,
         "num_key_value_heads": 4,  # multi-head latent attention: as many key/value heads as query heads
+    },
+    "ernie4_5_moe": {
+        "moe_num_experts": 4,
+        "moe_k": 2,
+        "moe_intermediate_size": 16,
+        "moe_layer_start_index": 1,
+        "head_dim": 8,
+    },
+    "mellum": {  # its MTP layer attends through a sliding window
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "head_dim": 8,
+        "sliding_window": 4,
+        "layer_types": ["sliding_attention", "full_attention"],
     },
 }
 
@@ -132,7 +148,8 @@ def reference_drafts(model: PreTrainedModel, tokens: torch.Tensor) -> torch.Tens
 
 
 @pytest.mark.parametrize(
-    ("architecture", "num_mtp_layers"), [("glm4_moe", 1), ("glm4_moe", 2), ("glm4_moe", 3), ("deepseek_v3", 1)]
+    ("architecture", "num_mtp_layers"),
+    [("glm4_moe", 1), ("glm4_moe", 2), ("glm4_moe", 3), ("deepseek_v3", 1), ("ernie4_5_moe", 1), ("mellum", 1)],
 )
 @pytest.mark.parametrize("plain_steps", [False, True])
 @torch.no_grad()

@@ -126,7 +126,8 @@ def mtp_logits(mtp: MtpModel, hidden: torch.Tensor, vocab_size: int) -> torch.Te
     multiplier = getattr(mtp.config, "logits_mup_width_multiplier", None)
     if multiplier is not None:
         hidden = hidden / multiplier
-    logits = mtp.shared_head(hidden).float()
+    weight = mtp.shared_head.weight
+    logits = mtp.shared_head(hidden.to(weight.device, weight.dtype)).float()
     size = logits.shape[-1]
     if size > vocab_size:
         return logits[..., :vocab_size]
