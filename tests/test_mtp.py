@@ -370,6 +370,16 @@ def test_use_mtp_runs_the_library_loop() -> None:
         out = routed_generate(model, input_ids, return_dict_in_generate=True, **{**kwargs, **extra})
         assert torch.equal(out.sequences, expected), extra
         assert int(out.speculative.draft_forwards) > 0
+    model.generation_config.use_mtp = True  # the model's own default asks for it
+    try:
+        out = routed_generate(model, input_ids, return_dict_in_generate=True, **kwargs)
+        assert torch.equal(out.sequences, expected)
+        assert int(out.speculative.draft_forwards) > 0
+        plain = routed_generate(model, input_ids, use_mtp=False, return_dict_in_generate=True, **kwargs)
+        assert torch.equal(plain.sequences, expected)
+        assert not hasattr(plain, "speculative")
+    finally:
+        model.generation_config.use_mtp = False
 
 
 def test_use_mtp_refusals() -> None:
