@@ -147,6 +147,32 @@ def reference_drafts(model: PreTrainedModel, tokens: torch.Tensor) -> torch.Tens
     return drafts[0]
 
 
+def check_drafts(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """Greedy MTP decoding of the batch, checking that every step's drafts in every row are the ones
+    transformers' `MtpModel` drafts from the row's committed text; returns the output."""
+    records: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    propose = MtpDrafter.propose
+
+    def recording_propose(self: MtpDrafter, buffer: Any, last_token: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        proposal = propose(self, buffer, last_token, *args, **kwargs)
+        for i, row in enumerate(buffer.active.tolist()):
+            records.append((row, buffer.tokens[row, : int(buffer.lengths[row])].clone(), proposal.nodes[i, 1:]))
+        return proposal
+
+    monkeypatch.setattr(MtpDrafter, "propose", recording_propose)
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 24, "do_sample": False}
+    out = mtp_generate(model, input_ids, return_dict_in_generate=True, **kwargs)
+    assert torch.equal(out.sequences, model.generate(input_ids, pad_token_id=PAD, **kwargs))
+    pads = (1 - attention_mask).sum(dim=1).tolist()
+    assert records
+    for row, tokens, drafts in records:
+        expected = reference_drafts(model, tokens[pads[row] :])[: drafts.shape[0]]
+        assert torch.equal(drafts, expected), (row, tokens, drafts, expected)
+    return out
+
+
 @pytest.mark.parametrize(
     ("architecture", "num_mtp_layers"),
     [("glm4_moe", 1), ("glm4_moe", 2), ("glm4_moe", 3), ("deepseek_v3", 1), ("ernie4_5_moe", 1), ("mellum", 1)],
@@ -160,35 +186,22 @@ def test_drafts_are_transformers_mtp_drafts(
     from the committed text, also after plain steps (every third step here)."""
     vocab = 4  # drafts are often right: steps accept 0, 1 and more tokens
     model = tiny_mtp_model(architecture, num_mtp_layers, vocab, seed=1)
-    input_ids, attention_mask = ragged_batch(vocab)
-    if plain_steps:
-        pattern = itertools.cycle([True, True, False])
-        monkeypatch.setattr(SpeculationGate, "speculate", lambda self, rows: next(pattern))
-    records: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-    propose = MtpDrafter.propose
-
-    def recording_propose(self: MtpDrafter, buffer: Any, last_token: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        proposal = propose(self, buffer, last_token, *args, **kwargs)
-        for i, row in enumerate(buffer.active.tolist()):
-            records.append((row, buffer.tokens[row, : int(buffer.lengths[row])].clone(), proposal.nodes[i, 1:]))
-        return proposal
-
-    monkeypatch.setattr(MtpDrafter, "propose", recording_propose)
-    out = mtp_generate(
-        model,
-        input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=24,
-        do_sample=False,
-        adaptive=plain_steps,
-        return_dict_in_generate=True,
-    )
-    pads = (1 - attention_mask).sum(dim=1).tolist()
-    assert records
-    for row, tokens, drafts in records:
-        expected = reference_drafts(model, tokens[pads[row] :])[: drafts.shape[0]]
-        assert torch.equal(drafts, expected), (row, tokens, drafts, expected)
+    pattern = itertools.cycle([True, True, False] if plain_steps else [True])
+    monkeypatch.setattr(SpeculationGate, "speculate", lambda self, rows: next(pattern))
+    out = check_drafts(model, *ragged_batch(vocab), monkeypatch)
     assert int(out.speculative.accepted_tokens.sum()) > 0
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+@torch.no_grad()
+def test_prompts_shorter_than_the_mtp_layers(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts of fewer tokens than the MTP layers need to see committed slots (one token, left-padded among
+    longer ones): the drafts are still transformers' own."""
+    model = tiny_mtp_model("glm4_moe", 3, vocab=4, seed=1)
+    input_ids = torch.tensor([[1, 2, 3][:width], [PAD] * (width - 1) + [3]])
+    attention_mask = (input_ids != PAD).long()
+    attention_mask[0] = 1
+    check_drafts(model, input_ids, attention_mask, monkeypatch)
 
 
 @pytest.mark.parametrize("architecture", ["glm4_moe", "deepseek_v3"])

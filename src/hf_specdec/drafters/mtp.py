@@ -67,6 +67,7 @@ class MtpDrafter:
         self.carried_valid: list[torch.Tensor] = []  # each (A,): a real slot (short prompts have none)
         self._fed: list[int] = []  # entries each layer appended in the current step
         self._next_carried: list[torch.Tensor] = []
+        self._next_carried_valid: list[torch.Tensor] = []
 
     # -- the prompt ---------------------------------------------------------------------------------------------
 
@@ -133,16 +134,18 @@ class MtpDrafter:
         target_device = last_token.device
         drafts: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
-        self._fed, self._next_carried = [], []
+        self._fed, self._next_carried, self._next_carried_valid = [], [], []
         features = self.hidden
+        valid = offsets[None, :width] < count[:, None]  # (A, W)
         for k, seq in enumerate(self.seqs):
             span = width + k
-            valid = offsets[None, :span] < (count + k)[:, None]  # (A, span)
-            if k > 0:
+            if k > 0:  # the carried slot, then the slots layer k-1 fed (real where they were real there)
                 features = torch.cat([self.carried[k - 1], features], dim=1)
-                valid[:, 0] &= self.carried_valid[k - 1]
+                valid = torch.cat([self.carried_valid[k - 1][:, None], valid], dim=1)
+                valid = valid & (offsets[None, :span] < (count + k)[:, None])  # (A, span)
                 # Layer k's first entry that reads a draft: where it resumes after this step.
                 self._next_carried.append(features.gather(1, count[:, None, None].expand(-1, 1, features.shape[-1])))
+                self._next_carried_valid.append(valid.gather(1, count[:, None]).squeeze(1))
             out = seq.forward(
                 None,
                 valid,
@@ -182,8 +185,7 @@ class MtpDrafter:
         for k, seq in enumerate(self.seqs):
             seq.keep_prefix(self._fed[k], self.count, keep_max=width)
             seq.maybe_compact()
-        self.carried = self._next_carried
-        self.carried_valid = [torch.ones_like(self.count, dtype=torch.bool) for _ in self.carried]
+        self.carried, self.carried_valid = self._next_carried, self._next_carried_valid
         self.start_position = self.start_position + self.count
         self.hidden = accepted.hidden.to(self.device, self.steps[0].dtype)  # (A, D+1, H), the root first
         self.tokens = accepted.tokens.to(self.device)  # the token after each of them
