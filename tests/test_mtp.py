@@ -148,7 +148,11 @@ def reference_drafts(model: PreTrainedModel, tokens: torch.Tensor) -> torch.Tens
 
 
 def check_drafts(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    monkeypatch: pytest.MonkeyPatch,
+    **generate_kwargs: Any,
 ) -> Any:
     """Greedy MTP decoding of the batch, checking that every step's drafts in every row are the ones
     transformers' `MtpModel` drafts from the row's committed text; returns the output."""
@@ -162,7 +166,7 @@ def check_drafts(
         return proposal
 
     monkeypatch.setattr(MtpDrafter, "propose", recording_propose)
-    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 24, "do_sample": False}
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 24, "do_sample": False, **generate_kwargs}
     out = mtp_generate(model, input_ids, return_dict_in_generate=True, **kwargs)
     assert torch.equal(out.sequences, model.generate(input_ids, pad_token_id=PAD, **kwargs))
     pads = (1 - attention_mask).sum(dim=1).tolist()
@@ -190,6 +194,14 @@ def test_drafts_are_transformers_mtp_drafts(
     monkeypatch.setattr(SpeculationGate, "speculate", lambda self, rows: next(pattern))
     out = check_drafts(model, *ragged_batch(vocab), monkeypatch)
     assert int(out.speculative.accepted_tokens.sum()) > 0
+
+
+@torch.no_grad()
+def test_rows_that_finish_leave_the_mtp_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows ending at an EOS at different steps leave the batch: the others' drafts stay transformers' own."""
+    model = tiny_mtp_model("glm4_moe", 3, vocab=4, seed=1)
+    out = check_drafts(model, *ragged_batch(4), monkeypatch, eos_token_id=3)
+    assert int((out.sequences[:, 9:] == 3).sum()) >= 2
 
 
 @pytest.mark.parametrize("width", [1, 2, 3])

@@ -218,5 +218,5 @@ class MtpDrafter:
 
     def _inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """`MtpLayerStep`'s input vectors: each slot's token embedding, then its feature."""
-        embeds = self.embeddings(tokens.to(self.device)).to(features.dtype)
+        embeds = self.embeddings(tokens.to(self.embeddings.weight.device)).to(features.device, features.dtype)
         return torch.cat([embeds, features], dim=-1)
