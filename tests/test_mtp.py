@@ -10,12 +10,15 @@ to it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -418,6 +421,43 @@ def test_use_mtp_refusals() -> None:
         routed_generate(model, ids, use_mtp=True, num_assistant_tokens_schedule="heuristic", max_new_tokens=3)
     with pytest.raises(ValueError, match="no multi-token-prediction layers"):
         routed_generate(tiny_llama(), ids, use_mtp=True, max_new_tokens=3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading the MTP layers
+# ---------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_mtp_layers_load_once_from_the_checkpoint(tmp_path: Path) -> None:
+    """Without attached MTP layers, the model's are loaded from its checkpoint (transformers' `MtpModel`
+    loader: the checkpoint's layers past the model's last, which the model itself does not load), once."""
+    source = tiny_mtp_model("glm4_moe", 1, vocab=32, seed=3)
+    mtp = mtp_layers(source)
+    source.save_pretrained(tmp_path)
+    # The MTP layer's checkpoint names: those of a decoder layer after the model's last, plus its own weights.
+    longer = copy.deepcopy(source.config)
+    longer.num_hidden_layers = 3
+    holder = AutoModelForCausalLM.from_config(longer)
+    holder.model.layers[2].load_state_dict(mtp.layers[0].mtp_block.state_dict())
+    holder.save_pretrained(tmp_path / "holder")
+    weights = load_file(tmp_path / "model.safetensors")
+    weights |= {k: v for k, v in load_file(tmp_path / "holder" / "model.safetensors").items() if ".layers.2." in k}
+    layer = mtp.layers[0]
+    for name, tensor in (("enorm", layer.enorm), ("hnorm", layer.hnorm), ("eh_proj", layer.eh_proj)):
+        weights[f"model.layers.2.{name}.weight"] = tensor.weight.clone()
+    weights["model.layers.2.shared_head.norm.weight"] = layer.post_norm.weight.clone()
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    model._keys_to_ignore_on_load_unexpected = [r"model\.layers\.2.*"]  # GLM-4.5's MTP layer is its 47th or 93rd
+    loaded = mtp_layers(model)
+    assert mtp_layers(model) is loaded
+    assert loaded.shared_head is model.lm_head
+    expected = dict(mtp.layers.named_parameters())
+    assert all(torch.equal(p, expected[name]) for name, p in loaded.layers.named_parameters())
+    input_ids, attention_mask = ragged_batch(32, seed=4)
+    kwargs = {"attention_mask": attention_mask, "max_new_tokens": 20, "do_sample": False, "pad_token_id": PAD}
+    assert torch.equal(mtp_generate(model, input_ids, **kwargs), model.generate(input_ids, **kwargs))
 
 
 # ---------------------------------------------------------------------------------------------------------
