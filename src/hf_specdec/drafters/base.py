@@ -5,8 +5,9 @@ Every step a drafter proposes, for each active row, a tree of tokens rooted at t
 node whose path the target agrees with, commits that path and tells the drafter what it kept.
 
 Drafters: `DraftModelDrafter` (a smaller causal LM, `generate(assistant=...)`), `PromptLookupDrafter` (n-gram
-matches in each row's own tokens), `HybridDrafter` (each step one of the two), and `MedusaDrafter` (Medusa or
-recurrent heads, static or dynamic trees, with prompt lookup grafted on).
+matches in each row's own tokens), `HybridDrafter` (each step one of the two), `MedusaDrafter` (Medusa or
+recurrent heads, static or dynamic trees, with prompt lookup grafted on), `EagleDrafter` (EAGLE heads, or a
+model's own MTP layer, growing trees) and `MtpDrafter` (a model's own MTP layers, a chain).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ processors, stopping criteria, lengths, special tokens) and then hands the decod
 
 Transformers' speculative methods that this loop does not run stay transformers' own, untouched, when asked for by
 transformers' own arguments: `assistant_model=` with an assistant that attends to the target's cache (Gemma 4
-assistants), with `speculation_type="dflash"`, `use_mtp=True` or the lossy `assistant_ensemble_weight`; and
-`use_mtp=True` alone. Combined with this library's own arguments (`assistant=`, prompt lookup) they are refused.
+assistants), with `speculation_type="dflash"`, `use_mtp=True` or the lossy `assistant_ensemble_weight`. Combined
+with this library's own arguments (`assistant=`, prompt lookup) they are refused. `use_mtp=True` alone (the model's
+own MTP layers draft) runs through the loop.
 
 `SpeculativeGenerationMixin.generate` (what [`speculative`] gives a model) and the Hub entry
 (`custom_generate/generate.py`) both call this function.
@@ -30,6 +31,7 @@ from hf_specdec.drafters.draft_length import SCHEDULES, DraftLengthPolicy
 from hf_specdec.drafters.draft_tree import draft_tree_spec
 from hf_specdec.drafters.early_exit import early_exit_draft
 from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.mtp_generate import generate_with_mtp, wants_mtp
 from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
@@ -77,6 +79,9 @@ def speculative_generate(
         assistant_early_exit (`int`): self-speculation: the target's own first `assistant_early_exit` layers, its
             final norm and its lm_head draft (LayerSkip; they share the target's weights, with a KV cache of their
             own). Pays on models trained for early exit (e.g. LayerSkip checkpoints).
+        use_mtp (`bool`): the model's own multi-token-prediction layers draft (configs with `num_mtp_layers`:
+            DeepSeek-V3, GLM-4.5 MoE, ERNIE 4.5 MoE, Mellum, ...): chains of one token per MTP layer, or with
+            `tree=`, trees grown from a single MTP layer.
         num_assistant_tokens (`int`): tokens drafted per step; the most per step with "adaptive" (default 8).
         num_assistant_tokens_schedule (`str`): `"adaptive"` (default: stop drafting when another draft forward
             is expected to bring less than its cost times the tokens per plain step recent steps brought),
@@ -136,6 +141,9 @@ def speculative_generate(
         if not speculative_call and not kwargs.get("prompt_lookup_num_tokens"):  # plain generate()'s own error
             return plain(inputs, generation_config, *args, **kwargs)
         check_generation_config_type(generation_config)
+    if wants_mtp(model, generation_config, kwargs):
+        drafters = {"tree": tree, "assistant": assistant, "assistant_vocab": assistant_vocab}
+        return generate_with_mtp(model, plain, inputs, generation_config, args, kwargs, **drafters)
     lookup_tokens = requested(model, generation_config, kwargs, "prompt_lookup_num_tokens")
     if assistant is None and assistant_vocab is not None:
         raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")

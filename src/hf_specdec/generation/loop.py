@@ -12,7 +12,9 @@ leave the batch.
 
 The loop knows drafters only through their protocol (`hf_specdec.drafters.base`): draft models and prompt lookup
 enter through `hf_specdec.drafters.decoding.speculative_decode` (`generate(assistant=... |
-prompt_lookup_num_tokens=...)`), Medusa and EAGLE heads through `hf_specdec.medusa.decoding.medusa_decode`.
+prompt_lookup_num_tokens=...)`), Medusa and EAGLE heads through `hf_specdec.medusa.decoding.medusa_decode`, a
+model's own multi-token-prediction layers through `hf_specdec.drafters.mtp_decoding.mtp_decode`
+(`generate(use_mtp=True)`).
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ class DecodingRun:
         self.costs = costs
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)
-        self.hidden_states = self.drafter.needs_hidden_states
+        # The target's last hidden state alone, when the drafter reads it (not every layer's).
+        self.hidden_states: int | bool = -1 if self.drafter.needs_hidden_states else False
         self.continuation = continuation
         if continuation is not None and continuation.cached and getattr(self.drafter, "reads_prompt_states", False):
             raise ValueError(

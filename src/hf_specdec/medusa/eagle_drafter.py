@@ -16,6 +16,8 @@ exactly (`acceptance.sample_accept_tree`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
@@ -29,13 +31,16 @@ from hf_specdec.medusa.eagle import EagleHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
+if TYPE_CHECKING:
+    from hf_specdec.drafters.mtp_tree import MtpFeatureHead
+
 
 class EagleDrafter:
     """Grows a tree per row with EAGLE heads (see the module's docstring).
 
     Args:
         context (`DraftingContext`): the loop's context (the base's lm_head and embeddings are read).
-        heads (`EagleHeads`): the head.
+        heads (`EagleHeads` or `MtpFeatureHead`): the head (a model's own MTP layer drives the same way).
         tree (`DynamicTree`): the tree to grow, with its depth set.
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as far as the measured acceptance of its matches pays for verifying it.
@@ -50,7 +55,7 @@ class EagleDrafter:
     def __init__(
         self,
         context: DraftingContext,
-        heads: EagleHeads,
+        heads: EagleHeads | MtpFeatureHead,
         tree: DynamicTree,
         prompt_lookup: PromptLookupDrafter | None = None,
         adaptive: bool = True,
