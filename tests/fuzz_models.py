@@ -13,7 +13,8 @@ Each case draws, from a seed:
   limits, EOS ids that the model really emits;
 - a drafter per path (`PATHS`): a draft model (another random architecture, or a noisy twin of the target, with its
   own position limit, vocabulary size and dtype) drafting chains or trees, prompt lookup (up to 10**6 tokens), both,
-  and random untrained heads of every head type (Medusa, recurrent, EAGLE) with static, dynamic and lookup trees;
+  the target's own first layers (`assistant_early_exit=`, chains or trees, with or without lookup), and random
+  untrained heads of every head type (Medusa, recurrent, EAGLE) with static, dynamic and lookup trees;
   always with fixed `speculative_costs`, so that a case is deterministic.
 
 The property (`run_case`): on a float32 target the speculative output equals plain greedy `generate()`'s token for
@@ -50,7 +51,16 @@ from transformers import logging as transformers_logging
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 
-PATHS = ("assistant", "assistant_tree", "lookup", "hybrid", "medusa", "medusa_dynamic", "medusa_lookup")
+PATHS = (
+    "assistant",
+    "assistant_tree",
+    "lookup",
+    "hybrid",
+    "early_exit",
+    "medusa",
+    "medusa_dynamic",
+    "medusa_lookup",
+)
 MAX_LOOKUP = 10**6  # the largest prompt_lookup_num_tokens / num_assistant_tokens drawn (memory)
 
 # ---------------------------------------------------------------------------------------------------------
@@ -783,6 +793,14 @@ def draw_case(path: str, seed: str) -> Case:
             _lookup_kwargs(rng, kw, schedule=False)
     elif path == "lookup":
         _lookup_kwargs(rng, kw)
+    elif path == "early_exit":  # the target's first layers draft (one layer of one: refused)
+        kw["assistant_early_exit"] = rng.randint(1, max(1, target.layers - 1))
+        if rng.random() < 0.3:
+            kw["tree"] = rng.randint(1, 16) if rng.random() < 0.5 else _dynamic_tree(rng)
+        else:
+            _chain_kwargs(rng, kw)
+        if rng.random() < 0.3:
+            _lookup_kwargs(rng, kw, schedule=False)
     else:
         _draw_heads(rng, case)
     if rng.random() < 0.15:  # the speculative call only: plain decoding keeps its dynamic cache as the reference

@@ -45,7 +45,7 @@ def early_exit_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel
 def _cut(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = num_layers
-    layer_types = getattr(config, "layer_types", None)
+    layer_types = config.__dict__.get("layer_types")  # a list of the config's own (some configs derive it)
     if isinstance(layer_types, list):
         config.layer_types = layer_types[:num_layers]
     with torch.device("meta"):  # no memory: every tensor is the target's (assigned below)

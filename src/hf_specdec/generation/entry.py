@@ -45,7 +45,7 @@ from hf_specdec.generation.arguments import (
 from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
 from hf_specdec.generation.model_class import transformers_generate
-from hf_specdec.generation.validation import check_models, output_vocab_size
+from hf_specdec.generation.validation import check_architecture, check_models, output_vocab_size
 from hf_specdec.trees.dynamic import DynamicTree
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
@@ -232,6 +232,7 @@ def _draft_model_argument(
             "`assistant_early_exit` drafts with the target's own first layers; it cannot be combined with a draft "
             "model. Pass one of the two."
         )
+    check_architecture(model, "target")  # before cutting it: a model speculative decoding cannot run is refused
     generation_config, kwargs_without = withhold(model, generation_config, kwargs, ("assistant_early_exit",))
     kwargs.clear()
     kwargs.update(kwargs_without)
