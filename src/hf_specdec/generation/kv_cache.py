@@ -339,12 +339,34 @@ class CachedSequence:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
         drop = num_new - keep_max
         if drop > 0:
-            self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
-            self.valid = self.valid[:, :-drop]
-            if self._windowed:
-                self.positions = self.positions[:, :-drop]
+            self._drop_last(drop)
         start = self.num_slots - keep_max
         self.valid[:, start:].logical_and_(_row_of_offsets(keep_max, self.valid.device) < num_keep[:, None])
+
+    def keep_first(self, num_keep: torch.Tensor) -> None:
+        """Keep, for each row, its first `num_keep[b]` real slots and drop its later ones (a draft whose own
+        tokenization of the text changed rolls back to the tokens it still shares).
+
+        The dropped slots become holes; slots no row keeps any more are cropped from the end of the cache.
+
+        Args:
+            num_keep (`torch.LongTensor` of shape `(batch,)`): how many of its real slots each row keeps.
+        """
+        if self.num_slots == 0:
+            return
+        rank = self.valid.long().cumsum(dim=1)  # (B, S) real slots up to and including each slot
+        self.valid &= rank <= num_keep.to(self.valid.device)[:, None]
+        kept = self.valid.any(dim=0).nonzero()  # (k, 1) slots some row keeps
+        drop = self.num_slots - (int(kept.max()) + 1 if kept.numel() else 0)
+        if drop > 0:
+            self._drop_last(drop)
+
+    def _drop_last(self, drop: int) -> None:
+        """Crop the last `drop` slots from the cache and the bookkeeping."""
+        self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
+        self.valid = self.valid[:, :-drop]
+        if self._windowed:
+            self.positions = self.positions[:, :-drop]
 
     def keep_path(
         self,

@@ -20,6 +20,7 @@ from hf_specdec.drafters.decoding import speculative_decode
 from hf_specdec.drafters.draft_length import SCHEDULES, DraftLengthPolicy
 from hf_specdec.drafters.draft_tree import draft_tree_spec
 from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.text_alignment import Tokenizers
 from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
@@ -31,7 +32,12 @@ from hf_specdec.generation.arguments import (
 )
 from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
-from hf_specdec.generation.validation import check_models, output_vocab_size
+from hf_specdec.generation.validation import (
+    check_models,
+    check_other_tokenizer_settings,
+    other_tokenizers,
+    output_vocab_size,
+)
 from hf_specdec.trees.dynamic import DynamicTree
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
@@ -74,8 +80,12 @@ class SpeculativeGenerationMixin:
             instead of timings measured while decoding (e.g. `out.speculative.costs` of an earlier run). Draft
             lengths and the hybrid's choice then depend on the tokens alone, so sampling with a seeded
             `generator` is bitwise reproducible on a fixed machine.
-        tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
-            is also needed for `stop_strings`.
+        tokenizer / assistant_tokenizer: the target's and the draft's tokenizers. Where their vocabularies
+            differ, the draft reads the text in its own tokens and its drafts are re-encoded as target tokens
+            (`hf_specdec.drafters.translated`: greedy stays token-identical to plain greedy; sampling proposes only
+            the tokens both vocabularies share and keeps the target's distribution exactly; chains only, without
+            prompt lookup or `assistant_vocab`). Where they are the same, they let vocabulary sizes differ.
+            `tokenizer` is also needed for `stop_strings`.
     """
 
     def generate(
@@ -108,9 +118,14 @@ class SpeculativeGenerationMixin:
             raise TypeError(f"Pass generate()'s arguments after `generation_config` by keyword with {path}.")
         check_generate_arguments(self, inputs, kwargs, path)  # type: ignore[arg-type]
         self._check_speculative_kwargs(kwargs, path)
+        tokenizers = None
         if assistant is not None:
             assistant = as_draft_model(assistant)
-            check_models(self, assistant, kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None))  # type: ignore[arg-type]
+            tokenizer, assistant_tokenizer = kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None)
+            check_models(self, assistant, tokenizer, assistant_tokenizer)  # type: ignore[arg-type]
+            if other_tokenizers(tokenizer, assistant_tokenizer):  # the draft drafts through text
+                check_other_tokenizer_settings(tree, assistant_vocab, lookup_tokens)
+                tokenizers = Tokenizers(tokenizer, assistant_tokenizer)
         if assistant_vocab is not None:
             assert assistant is not None
             assistant_vocab = check_token_ids(
@@ -150,6 +165,7 @@ class SpeculativeGenerationMixin:
             costs=costs,
             assistant_vocab=assistant_vocab,
             tree=None if tree is None else draft_tree_spec(tree),
+            tokenizers=tokenizers,
             streamer=kwargs.get("streamer"),
         )
         return super().generate(inputs, generation_config, custom_generate=decode, **kwargs)  # type: ignore[misc]

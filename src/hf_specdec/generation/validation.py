@@ -68,11 +68,12 @@ def check_models(
 ) -> None:
     """Raise `ValueError` when `draft` cannot draft for `target`.
 
-    The two must be decoder-only causal LMs (see [`check_architecture`]) whose token ids mean the same thing;
-    the draft must be another model than the target (a copy with equal weights is fine), with its weights
-    loaded. Its device and dtype may differ from the target's (drafts move between devices; the target verifies
-    every token in its own dtype). Vocabulary sizes may differ (models often pad their embedding matrix),
-    provided both tokenizers are given and are identical.
+    The two must be decoder-only causal LMs (see [`check_architecture`]) whose token ids mean the same thing,
+    or whose tokenizers are both given (then any two vocabularies: see [`other_tokenizers`]); the draft must be
+    another model than the target (a copy with equal weights is fine), with its weights loaded. Its device and
+    dtype may differ from the target's (drafts move between devices; the target verifies every token in its own
+    dtype). Vocabulary sizes may differ (models often pad their embedding matrix), provided both tokenizers are
+    given.
     """
     for role, model in (("target", target), ("draft", draft)):
         check_architecture(model, role)
@@ -90,11 +91,8 @@ def check_models(
     if assistant_tokenizer is not None:
         if tokenizer is None:
             raise ValueError("`assistant_tokenizer=` needs `tokenizer=` too: the two vocabularies are compared.")
-        if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
-            raise ValueError(
-                "The target's and the draft's tokenizers have different vocabularies, so a drafted token id "
-                "means something else to the target. Choose a draft trained with the target's tokenizer."
-            )
+        if other_tokenizers(tokenizer, assistant_tokenizer):
+            return  # the draft drafts through text: its ids never reach the target
         size = len(tokenizer)
         if size > min(output_vocab_size(target), output_vocab_size(draft)):
             raise ValueError(
@@ -117,6 +115,39 @@ def check_models(
             f"The target's bos_token_id is {mine} but the draft's is {theirs}: they likely use different "
             "tokenizers. If the vocabularies really are the same, pass `tokenizer=` and "
             "`assistant_tokenizer=` to `generate()` to have them compared."
+        )
+
+
+def other_tokenizers(tokenizer: Any, assistant_tokenizer: Any) -> bool:
+    """Whether both tokenizers are given and their vocabularies differ: the draft then reads and proposes text,
+    re-encoded between the two tokenizers (`hf_specdec.drafters.translated`)."""
+    if tokenizer is None or assistant_tokenizer is None:
+        return False
+    return tokenizer.get_vocab() != assistant_tokenizer.get_vocab()
+
+
+def check_other_tokenizer_settings(tree: Any, assistant_vocab: Any, prompt_lookup: Any) -> None:
+    """Raise `ValueError` for settings a draft of another tokenizer cannot take: it proposes one chain of target
+    tokens per row, re-encoded from its text."""
+    why = (
+        "a draft of another tokenizer (`assistant_tokenizer=` differs from `tokenizer=`) proposes its text "
+        "re-encoded as one chain of target tokens per row"
+    )
+    if tree is not None:
+        raise ValueError(
+            f"`tree=` cannot be combined with {why}: the branches of a tree would each need their own "
+            "re-encoding, and would no longer share their first target tokens. Drop `tree=` (the draft then "
+            "drafts chains), or pass a draft that uses the target's tokenizer."
+        )
+    if assistant_vocab is not None:
+        raise ValueError(
+            f"`assistant_vocab` lists target ids for the draft to score, and {why}, which scores its own ids: drop "
+            "`assistant_vocab`, or pass a draft that uses the target's tokenizer."
+        )
+    if prompt_lookup is not None:
+        raise ValueError(
+            f"Prompt lookup cannot be combined with {why}: the two are not weighed against each other here. Drop "
+            "`prompt_lookup_num_tokens` (or drop `assistant=` to draft by prompt lookup alone)."
         )
 
 

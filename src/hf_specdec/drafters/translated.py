@@ -1,0 +1,243 @@
+"""A draft model whose tokenizer differs from the target's: it drafts in its own vocabulary, and its drafts reach
+the target as target tokens (`generate(assistant=draft, tokenizer=..., assistant_tokenizer=...)`).
+
+The draft reads each row's committed text in its own tokenization (`hf_specdec.drafters.text_alignment`: a
+window after an anchor re-encoded at every step, its cache rolled back to the longest prefix it shares with that
+encoding) and drafts a chain per row, at any batch size (rows hold different numbers of draft tokens: their cache
+slots are masked per row and their positions counted per row, as for the same-vocabulary draft).
+
+- Greedy: the draft's argmax tokens are decoded to text and the text encoded by the target's tokenizer; those
+  target tokens are the proposal (`text_alignment.target_proposal`). The target verifies every proposed token in
+  its own vocabulary, so the output is token-identical to plain greedy decoding (exactly so in float32), whatever
+  the draft proposes.
+- Sampling: the draft proposes only tokens both vocabularies spell the same (`shared_vocab`): its logits on them,
+  placed at their target ids and processed by the call's logits processors like the target's, give a
+  distribution q over target ids (the draft's distribution restricted to the shared tokens, renormalised); each
+  proposal is drawn from q and accepted with probability min(1, p/q), a rejection resampled from
+  normalise(max(0, p - q)). The tokens come out distributed exactly as plain sampling from the target (after its
+  processors) would give them, whatever q is: the lossless guarantee of speculative sampling (Leviathan et al.
+  2023) over the target's vocabulary, as in transformers' universal speculative decoding. Only how often drafts
+  are accepted depends on how much the vocabularies share.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from hf_specdec.drafters.base import Chain, ChainDrafter, DraftingContext
+from hf_specdec.drafters.draft_length import DraftLengthPolicy
+from hf_specdec.drafters.draft_model import draft_distribution
+from hf_specdec.drafters.shared_vocab import SharedVocabulary, shared_vocabulary
+from hf_specdec.drafters.text_alignment import CONTEXT, RowAlignment, Tokenizers, target_proposal
+from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.kv_cache import CachedSequence
+from hf_specdec.generation.positions import position_table_limit
+from hf_specdec.generation.readback import StepOutcome
+from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.generation.validation import output_vocab_size
+from hf_specdec.trees.masks import chain_structure
+
+
+class TranslatedDrafter(ChainDrafter):
+    """Proposes a chain of target tokens per row with a draft model of another tokenizer (see the module).
+
+    Args:
+        model (`PreTrainedModel`): the draft model.
+        tokenizers (`Tokenizers`): the target's and the draft's tokenizers.
+        context (`DraftingContext`): the call's processors, sampling settings and the target's vocabulary size.
+        schedule (`DraftLengthPolicy`, *optional*): how many draft tokens a step drafts (adaptive by default).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizers: Tokenizers,
+        context: DraftingContext,
+        schedule: DraftLengthPolicy | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizers = tokenizers
+        self.vocab_size = context.vocab_size
+        self.processors = context.processors
+        self.do_sample = context.do_sample
+        self.generator = context.generator
+        self.schedule = DraftLengthPolicy() if schedule is None else schedule
+        # Re-encoded text can take more target tokens than the draft took: room for twice as many.
+        self.max_depth = 2 * self.schedule.max_tokens
+        self.device = model.device
+        self.num_embeddings = int(model.get_input_embeddings().weight.shape[0])
+        self.shared: SharedVocabulary | None = None
+        if self.do_sample:
+            built = shared_vocabulary(tokenizers.target, tokenizers.draft, self.vocab_size, output_vocab_size(model))
+            self.shared = built.to(self.device)
+        draft_tokenizer = tokenizers.draft
+        fallback = next((i for i in (draft_tokenizer.bos_token_id, draft_tokenizer.eos_token_id) if i is not None), 0)
+        self.fallback_id = int(fallback)
+        self.position_limit = position_table_limit(model)
+        self.exhausted = False
+        self.seq: CachedSequence | None = None
+        self.rows: list[RowAlignment] = []  # per active row
+        self.prompts: list[list[int]] = []  # per active row, the prompt's real target tokens
+        self.prompt_length = 0
+
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """Encode each prompt's text with the draft's tokenizer and feed it to the draft."""
+        self.prompt_length = input_ids.shape[1]
+        self.prompts = [
+            [token for token, real in zip(ids, mask, strict=True) if real]
+            for ids, mask in zip(input_ids.tolist(), valid.tolist(), strict=True)
+        ]
+        self.rows = [RowAlignment(self.tokenizers, self.fallback_id) for _ in self.prompts]
+        self.seq = CachedSequence(self.model, len(self.prompts), self.device)
+        updates = [row.sync(prompt) for row, prompt in zip(self.rows, self.prompts, strict=True)]
+        if not self._fits(updates, 0):
+            return
+        self._feed(updates)
+
+    def _committed(self, buffer: TokenBuffer, index: int) -> list[int]:
+        """Active row `index`'s committed target tokens, without the prompt's padding."""
+        row = buffer.active_rows[index]
+        return self.prompts[index] + buffer.host_tokens[row][self.prompt_length :]
+
+    def _fits(self, updates: list[tuple[int, list[int]]], num_tokens: int) -> bool:
+        """Whether every row can be fed its update and `num_tokens - 1` drafts within the draft's position table;
+        otherwise the draft stops for good (positions only grow)."""
+        if self.position_limit is None:
+            return True
+        if max(keep + len(feed) for keep, feed in updates) + max(num_tokens - 1, 0) <= self.position_limit:
+            return True
+        self.exhausted, self.seq = True, None
+        return False
+
+    def _feed(self, updates: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Roll each row's draft cache back to its first `keep` tokens and feed it `feed` (right-aligned, holes
+        on the left); the draft's float32 logits after each row's last token `(A, draft_vocab)`."""
+        assert self.seq is not None
+        width = max(len(feed) for _, feed in updates)
+        ids = [[0] * (width - len(feed)) + feed for _, feed in updates]
+        valid = [[False] * (width - len(feed)) + [True] * len(feed) for _, feed in updates]
+        positions = [[max(keep - width + len(feed), 0)] * (width - len(feed)) for keep, feed in updates]
+        positions = [pad + list(range(keep, keep + len(feed))) for pad, (keep, feed) in zip(positions, updates)]
+        keep = torch.tensor([keep for keep, _ in updates], device=self.device)
+        self.seq.keep_first(keep)
+        out = self.seq.forward(
+            self._embeddable(torch.tensor(ids, device=self.device)),
+            torch.tensor(valid, device=self.device),
+            torch.tensor(positions, device=self.device),
+            chain_structure(width, self.device),
+            logits_to_keep=1,
+        )
+        self.seq.maybe_compact()
+        return out.logits[:, -1].float()
+
+    def _embeddable(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` with those the draft has no embedding for (a tokenizer with more tokens) replaced by 0."""
+        return ids.masked_fill(ids >= self.num_embeddings, 0)
+
+    def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
+        """Draft up to `schedule.current` draft tokens (at most `max_tokens`, at least one) for every active row,
+        and return them as target tokens: re-encoded text when greedy (rows then propose different numbers of
+        tokens, `Chain.lengths`), shared tokens with the distributions q they were drawn from when sampling."""
+        active, target_device = len(buffer.active_rows), buffer.tokens.device
+        nothing = Chain(torch.zeros(active, 0, dtype=torch.long, device=target_device))
+        if self.exhausted:
+            return nothing
+        num_tokens = max(1, min(self.schedule.current, max_tokens))
+        committed = [self._committed(buffer, i) for i in range(active)]
+        updates = [row.sync(ids) for row, ids in zip(self.rows, committed, strict=True)]
+        if not self._fits(updates, num_tokens):
+            return nothing
+        logits = self._feed(updates)  # (A, Vd)
+        contexts = [row.draft_ids[-CONTEXT:] for row in self.rows]
+        base = torch.tensor([len(row.draft_ids) for row in self.rows], device=self.device)  # first draft's position
+        policy = self.schedule
+        policy.start_step(buffer.lagging if policy.adaptive else None)
+        drafted: list[torch.Tensor] = []  # draft ids, (A,) each
+        proposed: list[torch.Tensor] = []  # target ids when sampling, (A,) each
+        probs: list[torch.Tensor] = []
+        lengths = torch.full((active,), num_tokens, dtype=torch.long, device=target_device)
+        for j in range(num_tokens):
+            if self.do_sample:
+                token, q, lengths = self._sample(buffer, logits, lengths, j)
+                proposed.append(token)
+                probs.append(q)
+                drafted.append(self._to_draft(token))
+                confidence = q.masked_fill((lengths <= j)[:, None], 0.0)
+            else:
+                drafted.append(logits.argmax(dim=-1))
+                confidence = torch.softmax(logits, dim=-1) if policy.may_stop else logits
+            if j + 1 == num_tokens or (policy.may_stop and policy.should_stop(confidence, costs)):
+                break
+            positions = (base + j)[:, None]
+            out = self.seq.forward(drafted[-1][:, None], None, positions, chain_structure(1, self.device), 1)  # type: ignore[union-attr]
+            logits = out.logits[:, -1].float()
+        num_fed = len(drafted) - 1  # the last draft is never fed
+        if num_fed:
+            for row, ids in zip(self.rows, torch.stack(drafted[:num_fed], dim=1).tolist(), strict=True):
+                row.fed(ids)
+        if self.do_sample:
+            tokens, k = torch.stack(proposed, dim=1), len(proposed)  # (A, k)
+            cut = None if bool((lengths >= k).all()) else lengths.clamp_max(k)
+            return Chain(tokens, q=torch.stack(probs, dim=1), lengths=cut, forwards=len(drafted))
+        return self._proposals(committed, contexts, torch.stack(drafted, dim=1).tolist(), target_device)
+
+    def _sample(
+        self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draw draft position j's target tokens `(A,)` from q `(A, V)`, the draft's logits `(A, Vd)` on the shared
+        tokens processed as the target's are; rows whose q falls on a token the draft cannot read back stop
+        drafting after it (`lengths`)."""
+        assert self.shared is not None
+        target_device = buffer.tokens.device
+        scores = self.shared.target_logits(logits).to(target_device)[:, None]  # (A, 1, V)
+        if self.processors.processors:
+            scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, scores)
+        q = draft_distribution(scores[:, 0])  # (A, V)
+        token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
+        if not self.processors.prefix_free:  # the next position's processors read it as prefix
+            buffer.write(j, token[:, None])
+        unread = self.shared.target_to_draft[token.to(self.device)] < 0  # q certain on an unshared token
+        lengths = torch.where(unread.to(target_device), lengths.clamp_max(j + 1), lengths)
+        return token, q, lengths
+
+    def _to_draft(self, token: torch.Tensor) -> torch.Tensor:
+        """The draft ids `(A,)` of shared target tokens `(A,)` (0 for an unshared one: the row stopped there)."""
+        assert self.shared is not None
+        return self.shared.target_to_draft[token.to(self.device)].clamp_min(0)
+
+    def _proposals(
+        self, committed: list[list[int]], contexts: list[list[int]], drafted: list[list[int]], device: torch.device
+    ) -> Chain:
+        """Greedy drafts `(A, k)` as target tokens: each row's text re-encoded, cut at `max_depth` and at the
+        first id the target cannot score; rows shorter than the longest padded (`Chain.lengths`)."""
+        rows = []
+        for ids, context, new in zip(committed, contexts, drafted, strict=True):
+            tokens = target_proposal(self.tokenizers, ids, context, new)[: self.max_depth]
+            scored = next((i for i, token in enumerate(tokens) if not 0 <= token < self.vocab_size), len(tokens))
+            rows.append(tokens[:scored])
+        width = max(len(tokens) for tokens in rows)
+        padded = [tokens + [0] * (width - len(tokens)) for tokens in rows]
+        tokens = torch.tensor(padded, dtype=torch.long).reshape(len(rows), width).to(device)
+        lengths = [len(tokens) for tokens in rows]
+        cut = None if min(lengths) == width else torch.tensor(lengths, dtype=torch.long).to(device)
+        return Chain(tokens, lengths=cut, forwards=len(drafted[0]))
+
+    def commit_chain(
+        self,
+        num_accepted: torch.Tensor,
+        num_drafted: int,
+        next_token: torch.Tensor,
+        outcome: StepOutcome | None = None,
+    ) -> None:
+        """Let the length schedule learn from the step (the draft reads the committed text at its next step)."""
+        host = outcome.num_accepted if outcome is not None else num_accepted.tolist()
+        self.schedule.update(num_drafted, host)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
+        kept = keep.tolist()
+        self.rows = [self.rows[i] for i in kept]
+        self.prompts = [self.prompts[i] for i in kept]
+        if self.seq is not None:
+            self.seq.select_rows(keep.to(self.device))
