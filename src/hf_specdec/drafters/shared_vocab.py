@@ -51,13 +51,13 @@ class SharedVocabulary:
 
 
 def word_start_marker(tokenizer: Any) -> str | None:
-    """The character a tokenizer's vocabulary writes for a leading space ("Ġ", "▁"), or `None` when a space
-    encodes to no token or to a token that starts with something else."""
-    ids = tokenizer.encode(" a", add_special_tokens=False)
-    tokens = tokenizer.convert_ids_to_tokens(ids)
-    if not tokens or not tokens[0] or tokens[0][0].isalnum():
-        return None
-    return tokens[0][0]
+    """The character a tokenizer's vocabulary writes for a leading space ("Ġ", "▁"), read from how it encodes
+    " a"; `None` when that is not one marker character before the letter."""
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode(" a", add_special_tokens=False))
+    first = tokens[0] if tokens else ""
+    if len(first) == 2 and first.endswith("a") or len(first) == 1 and first != "a":  # "Ġa", or "Ġ" then "a"
+        return first[0]
+    return None
 
 
 def build_shared_vocabulary(

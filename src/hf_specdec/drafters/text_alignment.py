@@ -118,7 +118,8 @@ class RowAlignment:
             token, so that the draft has logits to draft from).
         """
         target, draft = self.tokenizers
-        window = decode(target, target_ids[self.anchor_target :])
+        start = self.anchor_target
+        window = continuation(target, target_ids[max(start - CONTEXT, 0) : start], target_ids[start:])
         desired = self.draft_ids[: self.anchor_draft] + encode(draft, window)
         if not desired:
             desired = [self.fallback_id]
@@ -134,31 +135,34 @@ class RowAlignment:
 
     def _advance(self, target_ids: list[int], window: str) -> None:
         """Move the anchor to `MARGIN` tokens before the end once the window holds `WINDOW` target tokens, at
-        the first boundary (going back) where both tokenizations split the text."""
-        if len(target_ids) - self.anchor_target < WINDOW:
+        the first boundary (going back) where both tokenizations split the window's text in the same two parts."""
+        start = self.anchor_target
+        if len(target_ids) - start < WINDOW:
             return
         target, draft = self.tokenizers
+        context = self.draft_ids[max(self.anchor_draft - CONTEXT, 0) : self.anchor_draft]
         tail = self.draft_ids[self.anchor_draft :]
         for split in range(len(target_ids) - MARGIN, len(target_ids) - MARGIN - ANCHOR_TRIES, -1):
-            left = decode(target, target_ids[self.anchor_target : split])
-            if not window.startswith(left) or decode(target, target_ids[split:]) != window[len(left) :]:
-                continue  # decoding does not concatenate at this boundary (a split character, a dropped space)
-            cut = draft_boundary(draft, tail, left)
-            if cut is None or decode(draft, tail[cut:]) != window[len(left) :]:
+            left = continuation(target, target_ids[max(start - CONTEXT, 0) : start], target_ids[start:split])
+            right = continuation(target, target_ids[split - CONTEXT : split], target_ids[split:])
+            if left + right != window:
+                continue  # the text does not split here (a split character, say)
+            cut = draft_boundary(draft, context, tail, left)
+            if cut is None or continuation(draft, (context + tail[:cut])[-CONTEXT:], tail[cut:]) != right:
                 continue
             self.anchor_target = split
             self.anchor_draft += cut
             return
 
 
-def draft_boundary(tokenizer: Any, ids: list[int], text: str) -> int | None:
-    """The number of leading `ids` whose text is exactly `text`, or `None` when no token boundary falls there
-    (found by bisection on the decoded length, which grows with the number of tokens)."""
+def draft_boundary(tokenizer: Any, context: list[int], ids: list[int], text: str) -> int | None:
+    """The number of leading `ids` whose text after `context` is exactly `text`, or `None` when no token boundary
+    falls there (found by bisection on the text's length, which grows with the number of tokens)."""
     low, high = 0, len(ids)
     while low < high:
         middle = (low + high) // 2
-        if len(decode(tokenizer, ids[:middle])) < len(text):
+        if len(continuation(tokenizer, context, ids[:middle])) < len(text):
             low = middle + 1
         else:
             high = middle
-    return low if decode(tokenizer, ids[:low]) == text else None
+    return low if continuation(tokenizer, context, ids[:low]) == text else None
