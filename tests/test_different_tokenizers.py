@@ -34,6 +34,7 @@ from hf_specdec.drafters.text_alignment import (
     encode,
     target_proposal,
 )
+from hf_specdec.drafters.translated import TranslatedDrafter
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
 
 TEXT = (
@@ -354,3 +355,25 @@ def test_another_vocabulary_without_both_tokenizers_is_refused() -> None:
         target.generate(**_prompts(target_tokenizer, 1), max_new_tokens=5, assistant=draft)
     with pytest.raises(ValueError, match="needs `tokenizer=` too"):
         target.generate(**_prompts(target_tokenizer, 1), max_new_tokens=5, assistant=draft, assistant_tokenizer=draft_tokenizer)
+
+
+def test_a_wrong_q_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: accepting against a q other than the one the proposals were drawn from (uniform over
+    q's support) skews the tokens, and the checks above see it."""
+    target, draft, target_tokenizer, draft_tokenizer = abc_setup()
+    sample = TranslatedDrafter._sample
+
+    def uniform_q(self: TranslatedDrafter, *args: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        token, q, lengths = sample(self, *args)
+        support = (q > 0).float()
+        return token, support / support.sum(dim=-1, keepdim=True), lengths
+
+    monkeypatch.setattr(TranslatedDrafter, "_sample", uniform_q)
+    prompt = tuple(encode(target_tokenizer, "abcab"))
+    (rows,), _ = sample_copies(
+        target, (prompt,), 3000, 0, MAX_NEW, seed=7, assistant=draft, tokenizer=target_tokenizer,
+        assistant_tokenizer=draft_tokenizer, num_assistant_tokens=3, num_assistant_tokens_schedule="constant",
+    )  # fmt: skip
+    joint = exact_joint(target, prompt, sampling_warpers(1.0, None, None), ABC_VOCAB, MAX_NEW)
+    pvalues = {name: chisquare_pvalue(rows[:, cols], marginal(joint, cols)) for name, cols in CHECKS}
+    assert min(pvalues.values()) < 1e-6, pvalues

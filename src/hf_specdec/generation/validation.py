@@ -127,27 +127,25 @@ def other_tokenizers(tokenizer: Any, assistant_tokenizer: Any) -> bool:
 
 
 def check_other_tokenizer_settings(tree: Any, assistant_vocab: Any, prompt_lookup: Any) -> None:
-    """Raise `ValueError` for settings a draft of another tokenizer cannot take: it proposes one chain of target
-    tokens per row, re-encoded from its text."""
-    why = (
-        "a draft of another tokenizer (`assistant_tokenizer=` differs from `tokenizer=`) proposes its text "
-        "re-encoded as one chain of target tokens per row"
-    )
+    """Raise `ValueError` for settings a draft of another tokenizer cannot take: its drafts reach the target as
+    text re-encoded into one chain of target tokens per row."""
+    other = "a draft of another tokenizer (`assistant_tokenizer=` differs from `tokenizer=`)"
     if tree is not None:
         raise ValueError(
-            f"`tree=` cannot be combined with {why}: the branches of a tree would each need their own "
-            "re-encoding, and would no longer share their first target tokens. Drop `tree=` (the draft then "
-            "drafts chains), or pass a draft that uses the target's tokenizer."
+            f"`tree=` cannot be combined with {other}: its drafts reach the target as text re-encoded into one "
+            "chain of target tokens per row, and each branch of a tree would need its own re-encoding. Drop "
+            "`tree=` (the draft then drafts chains), or pass a draft that uses the target's tokenizer."
         )
     if assistant_vocab is not None:
         raise ValueError(
-            f"`assistant_vocab` lists target ids for the draft to score, and {why}, which scores its own ids: drop "
-            "`assistant_vocab`, or pass a draft that uses the target's tokenizer."
+            f"`assistant_vocab` lists target ids for the draft to propose, and {other} scores ids of its own "
+            "vocabulary: drop `assistant_vocab`, or pass a draft that uses the target's tokenizer."
         )
     if prompt_lookup is not None:
         raise ValueError(
-            f"Prompt lookup cannot be combined with {why}: the two are not weighed against each other here. Drop "
-            "`prompt_lookup_num_tokens` (or drop `assistant=` to draft by prompt lookup alone)."
+            f"Prompt lookup cannot be combined with {other}: drafting with both weighs prompt lookup against a "
+            "draft of the target's tokenizer only. Drop `prompt_lookup_num_tokens`, or drop `assistant=` to draft "
+            "by prompt lookup alone."
         )
 
 
