@@ -4,9 +4,9 @@ target's distribution, and what is not supported is refused.
 
 The tokenizers are trained here, offline, on a fixed text with the `tokenizers` library:
 
-- "words": a word-level target tokenizer, and a draft tokenizer of the same words under other ids (plus a few
-  more); the draft model is the target with its embedding rows permuted to match, so it predicts the target's
-  text exactly and most drafts are accepted;
+- "words": a word-level target tokenizer, and a draft tokenizer of the same words under other ids; the draft model
+  is the target with its embedding and output rows permuted to match, so it predicts the target's text exactly
+  and its drafts are accepted;
 - "bpe": a BPE target tokenizer that marks word starts with "▁" (Metaspace) and a byte-level BPE draft tokenizer
   ("Ġ") of another size, with random models: token boundaries rarely line up, and the draft reads re-encoded text
   at every step;
@@ -20,8 +20,14 @@ import functools
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config
-from transformers import Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 import hf_specdec
 from hf_specdec.drafters.shared_vocab import build_shared_vocabulary
@@ -49,9 +55,9 @@ WORDS = sorted(set(TEXT.split()))
 # ---------------------------------------------------------------------------------------------------------
 
 
-def word_level(words: list[str], extra: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+def word_level(words: list[str]) -> PreTrainedTokenizerFast:
     """Every word one token, in the order given (`<eos>` first), split at whitespace, decoded with spaces."""
-    vocab = {token: i for i, token in enumerate(["<eos>", *extra, *words])}
+    vocab = {token: i for i, token in enumerate(["<eos>", *words])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>")
@@ -87,7 +93,9 @@ def letters_bpe(text: str, vocab_size: int, special: tuple[str, ...] = ()) -> Pr
     return PreTrainedTokenizerFast(tokenizer_object=backend)
 
 
-def llama(vocab_size: int, seed: int, num_layers: int = 2, sharpen: float = 1.0, eos: int | None = 0) -> PreTrainedModel:
+def llama(
+    vocab_size: int, seed: int, num_layers: int = 2, sharpen: float = 1.0, eos: int | None = 0
+) -> PreTrainedModel:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -124,23 +132,15 @@ def qwen2(vocab_size: int, seed: int) -> PreTrainedModel:
     return Qwen2ForCausalLM(config).eval()
 
 
-def permuted_copy(target: PreTrainedModel, draft_ids: list[int], draft_vocab: int) -> PreTrainedModel:
-    """The target as a model over another vocabulary: target token t becomes draft token `draft_ids[t]` (its
-    embedding and output rows move there; the draft's other tokens are never predicted)."""
-    config = LlamaConfig(**{**target.config.to_dict(), "vocab_size": draft_vocab})
-    draft = LlamaForCausalLM(config).eval()
+def permuted_copy(target: PreTrainedModel, draft_ids: list[int]) -> PreTrainedModel:
+    """The target as a model over the same tokens under other ids: target token t is draft token `draft_ids[t]`
+    (its embedding and output rows move there)."""
+    draft = LlamaForCausalLM(target.config).eval()
     state = target.state_dict()
-    index = torch.tensor(draft_ids)
+    order = torch.argsort(torch.tensor(draft_ids))  # draft id d is target id order[d]
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        rows = torch.zeros(draft_vocab, state[name].shape[1])
-        rows[index] = state[name]
-        if name == "lm_head.weight":  # the extra tokens: far below any real logit
-            rows[[i for i in range(draft_vocab) if i not in set(draft_ids)]] = 0.0
-        state[name] = rows
+        state[name] = state[name][order]
     draft.load_state_dict(state)
-    if draft_vocab > len(draft_ids):
-        with torch.no_grad():
-            draft.lm_head.bias = None
     return draft
 
 
@@ -149,11 +149,13 @@ def setup(name: str) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokeni
     """(target, draft, target tokenizer, draft tokenizer) of a setup (see the module's docstring)."""
     if name == "words":
         target_tokenizer = word_level(WORDS)
-        draft_tokenizer = word_level(list(reversed(WORDS)), extra=("<s>", "xyzzy"))
+        draft_tokenizer = word_level(list(reversed(WORDS)))
         target = hf_specdec.speculative(llama(len(target_tokenizer), seed=0, sharpen=4.0))
         draft_vocab = draft_tokenizer.get_vocab()
-        ids = [draft_vocab[token] for token in target_tokenizer.convert_ids_to_tokens(list(range(len(target_tokenizer))))]
-        draft = permuted_copy(target, ids, len(draft_tokenizer))
+        ids = [
+            draft_vocab[token] for token in target_tokenizer.convert_ids_to_tokens(list(range(len(target_tokenizer))))
+        ]
+        draft = permuted_copy(target, ids)
     else:
         target_tokenizer, draft_tokenizer = metaspace_bpe(100), byte_level_bpe(300)
         target = hf_specdec.speculative(llama(len(target_tokenizer), seed=0, sharpen=4.0))
@@ -176,7 +178,7 @@ def _prompts(tokenizer: PreTrainedTokenizerFast, batch: int) -> dict[str, torch.
 
 
 def test_shared_tokens_match_across_word_start_markers() -> None:
-    """"▁the" of a SentencePiece-style vocabulary and "Ġthe" of a byte-level one are the same token, both ways,
+    """The "▁the" of a SentencePiece-style vocabulary and "Ġthe" of a byte-level one are the same token, both ways,
     one to one; the draft's logits land on the target ids of the tokens they share, -inf elsewhere."""
     target, draft = metaspace_bpe(100), byte_level_bpe(300)
     shared = build_shared_vocabulary(target, draft, len(target), len(draft))
@@ -226,7 +228,7 @@ def test_proposals_continue_a_word_the_target_split() -> None:
     """The target committed "bro"; the draft's text "wn fox" cannot be merged into the committed tokens, so it is
     proposed as the target's tokenizer encodes it alone."""
     target, draft = metaspace_bpe(100), byte_level_bpe(300)
-    committed = encode(target, "the quick ") + [target.get_vocab()["b"], target.get_vocab()["r"]]
+    committed = [*encode(target, "the quick "), target.get_vocab()["b"], target.get_vocab()["r"]]
     context = encode(draft, "the quick br")
     proposal = target_proposal(Tokenizers(target, draft), committed, context, encode(draft, "own fox"))
     assert decode(target, committed + proposal) == "the quick brown fox"
@@ -354,7 +356,9 @@ def test_another_vocabulary_without_both_tokenizers_is_refused() -> None:
     with pytest.raises(ValueError, match="pass `tokenizer=` and `assistant_tokenizer=`"):
         target.generate(**_prompts(target_tokenizer, 1), max_new_tokens=5, assistant=draft)
     with pytest.raises(ValueError, match="needs `tokenizer=` too"):
-        target.generate(**_prompts(target_tokenizer, 1), max_new_tokens=5, assistant=draft, assistant_tokenizer=draft_tokenizer)
+        target.generate(
+            **_prompts(target_tokenizer, 1), max_new_tokens=5, assistant=draft, assistant_tokenizer=draft_tokenizer
+        )
 
 
 def test_a_wrong_q_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,7 +55,7 @@ def word_start_marker(tokenizer: Any) -> str | None:
     " a"; `None` when that is not one marker character before the letter."""
     tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode(" a", add_special_tokens=False))
     first = tokens[0] if tokens else ""
-    if len(first) == 2 and first.endswith("a") or len(first) == 1 and first != "a":  # "Ġa", or "Ġ" then "a"
+    if (len(first) == 2 and first.endswith("a")) or (len(first) == 1 and first != "a"):  # "Ġa", or "Ġ" then "a"
         return first[0]
     return None
 

@@ -68,7 +68,9 @@ def continuation(tokenizer: Any, context: list[int], new: list[int]) -> str:
     return text.rstrip("\ufffd")
 
 
-def target_proposal(tokenizers: Tokenizers, target_ids: list[int], draft_context: list[int], drafted: list[int]) -> list[int]:
+def target_proposal(
+    tokenizers: Tokenizers, target_ids: list[int], draft_context: list[int], drafted: list[int]
+) -> list[int]:
     """The target tokens that spell the text of the draft's tokens `drafted` after the committed `target_ids`.
 
     The text is encoded after the target's last `CONTEXT` tokens, so that it is split as the target's tokenizer

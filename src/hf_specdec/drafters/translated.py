@@ -117,8 +117,11 @@ class TranslatedDrafter(ChainDrafter):
         width = max(len(feed) for _, feed in updates)
         ids = [[0] * (width - len(feed)) + feed for _, feed in updates]
         valid = [[False] * (width - len(feed)) + [True] * len(feed) for _, feed in updates]
-        positions = [[max(keep - width + len(feed), 0)] * (width - len(feed)) for keep, feed in updates]
-        positions = [pad + list(range(keep, keep + len(feed))) for pad, (keep, feed) in zip(positions, updates)]
+        # Each row's tokens at its own positions after the `keep` it holds; holes at positions kept in range.
+        positions = [
+            [max(keep - width + len(feed), 0)] * (width - len(feed)) + list(range(keep, keep + len(feed)))
+            for keep, feed in updates
+        ]
         keep = torch.tensor([keep for keep, _ in updates], device=self.device)
         self.seq.keep_first(keep)
         out = self.seq.forward(
