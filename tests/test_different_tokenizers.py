@@ -381,3 +381,25 @@ def test_a_wrong_q_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     joint = exact_joint(target, prompt, sampling_warpers(1.0, None, None), ABC_VOCAB, MAX_NEW)
     pvalues = {name: chisquare_pvalue(rows[:, cols], marginal(joint, cols)) for name, cols in CHECKS}
     assert min(pvalues.values()) < 1e-6, pvalues
+
+
+def test_a_cache_rolled_back_per_row_computes_what_a_fresh_one_does() -> None:
+    """`CachedSequence.keep_first`: rows roll back to different numbers of their tokens (holes in the middle of
+    the cache), then continue; each row's logits are the model's on its kept tokens and the new ones alone."""
+    from hf_specdec.generation.kv_cache import CachedSequence
+    from hf_specdec.trees.masks import chain_structure
+
+    model = llama(40, seed=3)
+    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
+    seq = CachedSequence(model, 2, torch.device("cpu"))
+    ids = torch.tensor(rows)
+    positions = torch.arange(6).expand(2, 6)
+    seq.forward(ids, None, positions, chain_structure(6, torch.device("cpu")))
+    seq.keep_first(torch.tensor([2, 5]))  # row 0 keeps 5 6, row 1 keeps 11 .. 15
+    new = torch.tensor([[20, 21], [0, 22]])
+    valid = torch.tensor([[True, True], [False, True]])
+    out = seq.forward(new, valid, torch.tensor([[2, 3], [5, 5]]), chain_structure(2, torch.device("cpu")))
+    for row, kept in enumerate(([5, 6, 20, 21], [11, 12, 13, 14, 15, 22])):
+        fresh = model(torch.tensor([kept])).logits[0, -1]
+        torch.testing.assert_close(out.logits[row, -1], fresh, rtol=1e-4, atol=1e-4)
+    assert seq.num_slots == 5 + 2  # the last slot, which no row kept, was cropped; row 0's holes stay

@@ -67,6 +67,7 @@ class TranslatedDrafter(ChainDrafter):
         self.max_depth = 2 * self.schedule.max_tokens
         self.device = model.device
         self.num_embeddings = int(model.get_input_embeddings().weight.shape[0])
+        self.draft_tokens = len(tokenizers.draft)  # logits past it (a padded lm_head) are no token
         self.shared: SharedVocabulary | None = None
         if self.do_sample:
             built = shared_vocabulary(tokenizers.target, tokenizers.draft, self.vocab_size, output_vocab_size(model))
@@ -152,6 +153,7 @@ class TranslatedDrafter(ChainDrafter):
         if not self._fits(updates, num_tokens):
             return nothing
         logits = self._feed(updates)  # (A, Vd)
+        assert self.seq is not None
         contexts = [row.draft_ids[-CONTEXT:] for row in self.rows]
         base = torch.tensor([len(row.draft_ids) for row in self.rows], device=self.device)  # first draft's position
         policy = self.schedule
@@ -168,12 +170,13 @@ class TranslatedDrafter(ChainDrafter):
                 drafted.append(self._to_draft(token))
                 confidence = q.masked_fill((lengths <= j)[:, None], 0.0)
             else:
-                drafted.append(logits.argmax(dim=-1))
+                drafted.append(logits[:, : self.draft_tokens].argmax(dim=-1))  # ids its tokenizer can decode
                 confidence = torch.softmax(logits, dim=-1) if policy.may_stop else logits
             if j + 1 == num_tokens or (policy.may_stop and policy.should_stop(confidence, costs)):
                 break
             positions = (base + j)[:, None]
-            out = self.seq.forward(drafted[-1][:, None], None, positions, chain_structure(1, self.device), 1)  # type: ignore[union-attr]
+            ids = self._embeddable(drafted[-1][:, None])
+            out = self.seq.forward(ids, None, positions, chain_structure(1, self.device), 1)
             logits = out.logits[:, -1].float()
         num_fed = len(drafted) - 1  # the last draft is never fed
         if num_fed:
