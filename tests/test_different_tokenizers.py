@@ -383,23 +383,25 @@ def test_a_wrong_q_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert min(pvalues.values()) < 1e-6, pvalues
 
 
-def test_a_cache_rolled_back_per_row_computes_what_a_fresh_one_does() -> None:
-    """`CachedSequence.keep_first`: rows roll back to different numbers of their tokens (holes in the middle of
-    the cache), then continue; each row's logits are the model's on its kept tokens and the new ones alone."""
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_a_cache_rolled_back_per_row_computes_what_a_fresh_one_does(arch: str) -> None:
+    """`CachedSequence.keep_before`: rows roll back to different numbers of their tokens (holes in the middle of
+    the cache), then continue; each row's logits are the model's on its kept tokens and the new ones alone (also
+    through a sliding window of 12 tokens, which keeps the slots' positions)."""
     from hf_specdec.generation.kv_cache import CachedSequence
     from hf_specdec.trees.masks import chain_structure
+    from tests.tiny_models import tiny_model
 
-    model = llama(40, seed=3)
-    rows = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
-    seq = CachedSequence(model, 2, torch.device("cpu"))
-    ids = torch.tensor(rows)
-    positions = torch.arange(6).expand(2, 6)
-    seq.forward(ids, None, positions, chain_structure(6, torch.device("cpu")))
-    seq.keep_first(torch.tensor([2, 5]))  # row 0 keeps 5 6, row 1 keeps 11 .. 15
-    new = torch.tensor([[20, 21], [0, 22]])
+    cpu = torch.device("cpu")
+    model = tiny_model(arch, seed=3)
+    rows = [list(range(5, 21)), list(range(30, 46))]  # 16 tokens each
+    seq = CachedSequence(model, 2, cpu)
+    seq.forward(torch.tensor(rows), None, torch.arange(16).expand(2, 16), chain_structure(16, cpu))
+    seq.keep_before(torch.tensor([9, 15]))  # row 0 keeps 9 tokens, row 1 keeps 15
+    new = torch.tensor([[50, 51], [0, 52]])
     valid = torch.tensor([[True, True], [False, True]])
-    out = seq.forward(new, valid, torch.tensor([[2, 3], [5, 5]]), chain_structure(2, torch.device("cpu")))
-    for row, kept in enumerate(([5, 6, 20, 21], [11, 12, 13, 14, 15, 22])):
+    out = seq.forward(new, valid, torch.tensor([[9, 10], [15, 15]]), chain_structure(2, cpu))
+    for row, kept in enumerate(([*rows[0][:9], 50, 51], [*rows[1][:15], 52])):
         fresh = model(torch.tensor([kept])).logits[0, -1]
         torch.testing.assert_close(out.logits[row, -1], fresh, rtol=1e-4, atol=1e-4)
-    assert seq.num_slots == 5 + 2  # the last slot, which no row kept, was cropped; row 0's holes stay
+    assert seq.num_slots == 15 + 2  # the last slot, which no row kept, was cropped; row 0's holes stay

@@ -124,7 +124,7 @@ class TranslatedDrafter(ChainDrafter):
             for keep, feed in updates
         ]
         keep = torch.tensor([keep for keep, _ in updates], device=self.device)
-        self.seq.keep_first(keep)
+        self.seq.keep_before(keep)
         out = self.seq.forward(
             self._embeddable(torch.tensor(ids, device=self.device)),
             torch.tensor(valid, device=self.device),
@@ -132,6 +132,8 @@ class TranslatedDrafter(ChainDrafter):
             chain_structure(width, self.device),
             logits_to_keep=1,
         )
+        # A sliding-window draft forgets slots that left the window, as if positions only grew: a row rolled back
+        # r tokens next step then misses up to r keys at the window's far end (its drafts only, never the output).
         self.seq.maybe_compact()
         return out.logits[:, -1].float()
 

@@ -343,19 +343,24 @@ class CachedSequence:
         start = self.num_slots - keep_max
         self.valid[:, start:].logical_and_(_row_of_offsets(keep_max, self.valid.device) < num_keep[:, None])
 
-    def keep_first(self, num_keep: torch.Tensor) -> None:
-        """Keep, for each row, its first `num_keep[b]` real slots and drop its later ones (a draft whose own
-        tokenization of the text changed rolls back to the tokens it still shares).
+    def keep_before(self, limit: torch.Tensor) -> None:
+        """Keep, for each row, its slots at logical positions below `limit[b]` and drop the later ones (a draft
+        whose own tokenization of the text changed rolls back to the tokens it still shares).
 
-        The dropped slots become holes; slots no row keeps any more are cropped from the end of the cache.
+        For a sequence whose row b was fed the tokens of positions 0, 1, 2, ... in order (holes aside): the row
+        then keeps its first `limit[b]` tokens. The dropped slots become holes; slots no row keeps any more are
+        cropped from the end of the cache.
 
         Args:
-            num_keep (`torch.LongTensor` of shape `(batch,)`): how many of its real slots each row keeps.
+            limit (`torch.LongTensor` of shape `(batch,)`): the first logical position each row drops.
         """
         if self.num_slots == 0:
             return
-        rank = self.valid.long().cumsum(dim=1)  # (B, S) real slots up to and including each slot
-        self.valid &= rank <= num_keep.to(self.valid.device)[:, None]
+        limit = limit.to(self.valid.device)[:, None]
+        if self._windowed:  # slots that left the window are holes already: read the positions
+            self.valid &= self.positions < limit
+        else:  # real slots in order from position 0: a slot's position is the number of real slots before it
+            self.valid &= self.valid.long().cumsum(dim=1) <= limit
         kept = self.valid.any(dim=0).nonzero()  # (k, 1) slots some row keeps
         drop = self.num_slots - (int(kept.max()) + 1 if kept.numel() else 0)
         if drop > 0:
