@@ -22,6 +22,8 @@ slots are masked per row and their positions counted per row, as for the same-vo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel
 
@@ -155,40 +157,66 @@ class TranslatedDrafter(ChainDrafter):
         if not self._fits(updates, num_tokens):
             return nothing
         logits = self._feed(updates)  # (A, Vd)
-        assert self.seq is not None
         contexts = [row.draft_ids[-CONTEXT:] for row in self.rows]
-        base = torch.tensor([len(row.draft_ids) for row in self.rows], device=self.device)  # first draft's position
+        if self.do_sample:
+            return self._sample_chain(buffer, logits, num_tokens, costs)
+        drafted = self._draft(buffer, logits, num_tokens, costs, self._greedy)
+        return self._proposals(committed, contexts, drafted.tolist(), target_device)
+
+    def _draft(
+        self,
+        buffer: TokenBuffer,
+        logits: torch.Tensor,
+        num_tokens: int,
+        costs: CostModel,
+        choose: Callable[[TokenBuffer, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Draft up to `num_tokens` draft tokens `(A, k)` autoregressively from the draft's logits `(A, Vd)` after
+        each row's text: `choose(buffer, logits, j)` gives position j's draft ids `(A,)` and the probabilities
+        `(A, V)` the length schedule weighs. Every draft but the last is fed to the draft, at each row's own
+        positions, and recorded as its tokens."""
+        assert self.seq is not None
         policy = self.schedule
         policy.start_step(buffer.lagging if policy.adaptive else None)
-        drafted: list[torch.Tensor] = []  # draft ids, (A,) each
-        proposed: list[torch.Tensor] = []  # target ids when sampling, (A,) each
-        probs: list[torch.Tensor] = []
-        lengths = torch.full((active,), num_tokens, dtype=torch.long, device=target_device)
+        base = torch.tensor([len(row.draft_ids) for row in self.rows], device=self.device)  # first draft's position
+        drafted: list[torch.Tensor] = []  # (A,) each
         for j in range(num_tokens):
-            if self.do_sample:
-                token, q, lengths = self._sample(buffer, logits, lengths, j)
-                proposed.append(token)
-                probs.append(q)
-                drafted.append(self._to_draft(token))
-                confidence = q.masked_fill((lengths <= j)[:, None], 0.0)
-            else:
-                drafted.append(logits[:, : self.draft_tokens].argmax(dim=-1))  # ids its tokenizer can decode
-                confidence = torch.softmax(logits, dim=-1) if policy.may_stop else logits
+            token, confidence = choose(buffer, logits, j)
+            drafted.append(token)
             if j + 1 == num_tokens or (policy.may_stop and policy.should_stop(confidence, costs)):
                 break
-            positions = (base + j)[:, None]
-            ids = self._embeddable(drafted[-1][:, None])
-            out = self.seq.forward(ids, None, positions, chain_structure(1, self.device), 1)
-            logits = out.logits[:, -1].float()
-        num_fed = len(drafted) - 1  # the last draft is never fed
-        if num_fed:
-            for row, ids in zip(self.rows, torch.stack(drafted[:num_fed], dim=1).tolist(), strict=True):
+            ids, positions = self._embeddable(token[:, None]), (base + j)[:, None]
+            logits = self.seq.forward(ids, None, positions, chain_structure(1, self.device), 1).logits[:, -1].float()
+        tokens = torch.stack(drafted, dim=1)  # (A, k)
+        if tokens.shape[1] > 1:  # the last draft is never fed
+            for row, ids in zip(self.rows, tokens[:, :-1].tolist(), strict=True):
                 row.fed(ids)
-        if self.do_sample:
-            tokens, k = torch.stack(proposed, dim=1), len(proposed)  # (A, k)
-            cut = None if bool((lengths >= k).all()) else lengths.clamp_max(k)
-            return Chain(tokens, q=torch.stack(probs, dim=1), lengths=cut, forwards=len(drafted))
-        return self._proposals(committed, contexts, torch.stack(drafted, dim=1).tolist(), target_device)
+        return tokens
+
+    def _greedy(self, buffer: TokenBuffer, logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft's argmax `(A,)` among the ids its tokenizer decodes, and its probabilities `(A, Vd)`."""
+        confidence = torch.softmax(logits, dim=-1) if self.schedule.may_stop else logits
+        return logits[:, : self.draft_tokens].argmax(dim=-1), confidence
+
+    def _sample_chain(self, buffer: TokenBuffer, logits: torch.Tensor, num_tokens: int, costs: CostModel) -> Chain:
+        """Shared tokens drawn from q at each draft position, as target tokens `(A, k)`, with q `(A, k, V)`; rows
+        whose q fell on a token the draft cannot read stop there (`Chain.lengths`)."""
+        target_device = buffer.tokens.device
+        proposed: list[torch.Tensor] = []  # target ids, (A,) each
+        probs: list[torch.Tensor] = []
+        lengths = torch.full((len(self.rows),), num_tokens, dtype=torch.long, device=target_device)
+
+        def choose(buffer: TokenBuffer, logits: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal lengths
+            token, q, lengths = self._sample(buffer, logits, lengths, j)
+            proposed.append(token)
+            probs.append(q)
+            return self._to_draft(token), q.masked_fill((lengths <= j)[:, None], 0.0)
+
+        drafted = self._draft(buffer, logits, num_tokens, costs, choose)
+        k = drafted.shape[1]
+        cut = None if bool((lengths >= k).all()) else lengths.clamp_max(k)
+        return Chain(torch.stack(proposed, dim=1), q=torch.stack(probs, dim=1), lengths=cut, forwards=k)
 
     def _sample(
         self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int
