@@ -259,6 +259,39 @@ def test_greedy_is_token_identical_to_plain_greedy(name: str, batch: int, schedu
         assert out.speculative.summary()["acceptance_rate"] > 0.9
 
 
+def test_a_static_target_cache_keeps_identity() -> None:
+    """The target in a static cache (the draft keeps its own dynamic one), on a ragged batch."""
+    target, draft, target_tokenizer, draft_tokenizer = setup("bpe")
+    kwargs = dict(**_prompts(target_tokenizer, 3), max_new_tokens=20, do_sample=False)
+    out = target.generate(
+        **kwargs,
+        assistant=draft,
+        tokenizer=target_tokenizer,
+        assistant_tokenizer=draft_tokenizer,
+        cache_implementation="static",
+    )
+    assert torch.equal(out, target.generate(**kwargs))
+
+
+def test_sampling_with_a_processor_that_reads_the_prefix_runs_on_a_ragged_batch() -> None:
+    """A repetition penalty reads each row's prefix, the drafted shared tokens included."""
+    target, draft, target_tokenizer, draft_tokenizer = setup("words")
+    inputs = _prompts(target_tokenizer, 3)
+    out = target.generate(
+        **inputs,
+        max_new_tokens=12,
+        do_sample=True,
+        repetition_penalty=1.3,
+        generator=torch.Generator().manual_seed(0),
+        assistant=draft,
+        tokenizer=target_tokenizer,
+        assistant_tokenizer=draft_tokenizer,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape == (3, inputs["input_ids"].shape[1] + 12)
+    assert out.speculative.summary()["accepted_tokens"] > 0  # the permuted draft's q is the target's p
+
+
 def test_rows_that_stop_early_leave_the_batch() -> None:
     """With an EOS the target reaches in one row long before the others, rows leave the batch mid-call."""
     target, draft, target_tokenizer, draft_tokenizer = setup("bpe")
