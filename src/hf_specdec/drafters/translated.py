@@ -6,18 +6,26 @@ window after an anchor re-encoded at every step, its cache rolled back to the lo
 encoding) and drafts a chain per row, at any batch size (rows hold different numbers of draft tokens: their cache
 slots are masked per row and their positions counted per row, as for the same-vocabulary draft).
 
-- Greedy: the draft's argmax tokens are decoded to text and the text encoded by the target's tokenizer; those
-  target tokens are the proposal (`text_alignment.target_proposal`). The target verifies every proposed token in
-  its own vocabulary, so the output is token-identical to plain greedy decoding (exactly so in float32), whatever
-  the draft proposes.
+- Greedy: the draft's argmax tokens (of its raw logits) are decoded to text and the text encoded by the target's
+  tokenizer after the target's last tokens; those target tokens are the proposal
+  (`text_alignment.target_proposal`).
 - Sampling: the draft proposes only tokens both vocabularies spell the same (`shared_vocab`): its logits on them,
-  placed at their target ids and processed by the call's logits processors like the target's, give a
-  distribution q over target ids (the draft's distribution restricted to the shared tokens, renormalised); each
-  proposal is drawn from q and accepted with probability min(1, p/q), a rejection resampled from
-  normalise(max(0, p - q)). The tokens come out distributed exactly as plain sampling from the target (after its
-  processors) would give them, whatever q is: the lossless guarantee of speculative sampling (Leviathan et al.
-  2023) over the target's vocabulary, as in transformers' universal speculative decoding. Only how often drafts
-  are accepted depends on how much the vocabularies share.
+  placed at their target ids and processed by the call's logits processors as the target's are, give a
+  distribution q over target ids (the draft's distribution restricted to the shared tokens, renormalised: the
+  "lossless" rule of Timor et al. 2025, transformers' universal speculative decoding). Each proposal is drawn
+  from q and accepted with probability min(1, p/q), a rejection resampled from normalise(max(0, p - q)).
+
+What is guaranteed, whatever the draft, its tokenizer and how the two tokenizations line up:
+
+- greedy: the output is token-identical to plain greedy `generate()` (the target verifies every proposed token
+  in its own vocabulary and adds its own argmax), exactly so in float32; in bf16 a forward over several tokens
+  rounds differently from forwards over one, as for every speculative path;
+- sampling: every token is distributed exactly as plain sampling from the target's processed distribution
+  would give it, given the same prefix (Leviathan et al. 2022), so the outputs follow plain sampling's
+  distribution; they are not the same draws for a given seed.
+
+How often drafts are accepted, and so the speed, depends on the draft, on how much the vocabularies share
+(sampling) and on how well the re-encoded text lines up with the target's own tokens (greedy).
 """
 
 from __future__ import annotations
