@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -51,9 +52,9 @@ def main() -> None:
     target = hf_specdec.speculative(target)
     tokenizers = {"tokenizer": target_tokenizer, "assistant_tokenizer": draft_tokenizer}
     settings = {"max_new_tokens": args.max_new_tokens, "do_sample": False, **tokenizers}
-    methods: dict[str, Callable[[dict], torch.Tensor]] = {
+    methods: dict[str, Callable[[dict], Any]] = {
         "plain": lambda inputs: target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False),
-        "ours": lambda inputs: target.generate(**inputs, **settings, assistant=draft),
+        "ours": lambda inputs: target.generate(**inputs, **settings, assistant=draft, return_dict_in_generate=True),
         "transformers": lambda inputs: target.generate(**inputs, **settings, assistant_model=draft),
     }
     prompts = load_prompts(["mt-bench", "humaneval", "gsm8k"], args.n, seed=0)
@@ -65,7 +66,7 @@ def main() -> None:
     tokens = dict.fromkeys(methods, 0)
     for prompt, inputs in zip(prompts, batches, strict=True):
         width = inputs["input_ids"].shape[1]
-        outputs: dict[str, torch.Tensor] = {}
+        outputs: dict[str, Any] = {}
         for name, method in methods.items():  # interleaved prompt by prompt
             start = time.perf_counter()
             try:
@@ -75,9 +76,12 @@ def main() -> None:
                 continue
             seconds[name] += time.perf_counter() - start
             tokens[name] += outputs[name].shape[1] - width
+        stats = outputs["ours"].speculative.summary()
+        outputs["ours"] = outputs["ours"].sequences
         plain = outputs["plain"][0]
         checks = {name: logit_gap(target, plain, out[0], width) for name, out in outputs.items() if name != "plain"}
-        print(f"{prompt.category:10s} {prompt.source_id:24s} {checks}", flush=True)
+        counts = {key: round(stats[key], 2) for key in ("tau", "acceptance_rate", "plain_steps")}
+        print(f"{prompt.category:10s} {prompt.source_id:24s} {checks} {counts}", flush=True)
     if args.time:
         rates = {name: tokens[name] / seconds[name] for name in methods if seconds[name]}
         print("tokens/s:", {name: round(rate, 2) for name, rate in rates.items()})
