@@ -50,7 +50,8 @@ class SpeculativeGenerationMixin:
     """Adds speculative decoding to `generate()`. Mix it in before the model's class, or use [`speculative`].
 
     Extra arguments of `generate()`:
-        assistant (`PreTrainedModel`): a smaller causal LM with the target's vocabulary that drafts tokens.
+        assistant (`PreTrainedModel`): a smaller causal LM with the target's vocabulary that drafts tokens (or
+            of another vocabulary, with `tokenizer=` and `assistant_tokenizer=`: see below).
         num_assistant_tokens (`int`): tokens drafted per step; the most per step with "adaptive" (default 8).
         num_assistant_tokens_schedule (`str`): `"adaptive"` (default: stop drafting when another draft forward
             is expected to bring less than its cost times the tokens per plain step recent steps brought),
