@@ -63,10 +63,12 @@ def word_level(words: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>")
 
 
-def metaspace_bpe(vocab_size: int) -> PreTrainedTokenizerFast:
+def metaspace_bpe(vocab_size: int, prepend: str = "never") -> PreTrainedTokenizerFast:
+    """BPE marking word starts with "▁"; `prepend="always"` as SentencePiece does: a "▁" before the text, which
+    decoding drops again (so a decoded piece loses its leading space)."""
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
-    backend.decoder = decoders.Metaspace(prepend_scheme="never")
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=prepend)
+    backend.decoder = decoders.Metaspace(prepend_scheme=prepend)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"], show_progress=False)
     backend.train_from_iterator([TEXT], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>")
@@ -211,9 +213,11 @@ def test_sync_rolls_the_draft_back_to_the_tokens_it_shares_with_the_new_encoding
     assert keep == common_prefix(held, whole) < len(encode(draft, "the quick bro"))
 
 
-def test_sync_moves_its_anchor_and_keeps_spelling_the_text() -> None:
-    """Past `WINDOW` target tokens only the last few are re-encoded, and the draft's tokens still spell the text."""
-    target, draft = metaspace_bpe(100), byte_level_bpe(300)
+@pytest.mark.parametrize("prepend", ["never", "always"])
+def test_sync_moves_its_anchor_and_keeps_spelling_the_text(prepend: str) -> None:
+    """Past `WINDOW` target tokens only the last few are re-encoded, and the draft's tokens still spell the text
+    (also where the target's tokenizer drops the leading space of every decoded piece)."""
+    target, draft = metaspace_bpe(100, prepend), byte_level_bpe(300)
     row = RowAlignment(Tokenizers(target, draft), fallback_id=0)
     ids = encode(target, TEXT[:400])
     assert len(ids) > 3 * WINDOW
