@@ -39,6 +39,15 @@ def logit_gap(target: torch.nn.Module, plain: torch.Tensor, other: torch.Tensor,
     return f"token {i - width}: gap {float(logits[plain[i]] - logits[other[i]]):.3f}"
 
 
+def run(name: str, method: Callable[[dict], Any], inputs: dict) -> Any:
+    """`method(inputs)`, or `None` where it raised a `RuntimeError` (transformers' own path fails on some prompts)."""
+    try:
+        return method(inputs)
+    except RuntimeError as error:
+        print(f"    {name} failed: {str(error)[:100]}", flush=True)
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -59,35 +68,39 @@ def main() -> None:
     }
     prompts = load_prompts(["mt-bench", "humaneval", "gsm8k"], args.n, seed=0)
     batches = [chat_inputs(target_tokenizer, [prompt.text]) for prompt in prompts]
-    if args.time:
-        for method in methods.values():
-            method(batches[0])
+    if args.time:  # warm up every method (on the last prompt: the first may be one transformers fails on)
+        for name, method in methods.items():
+            run(name, method, batches[-1])
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
     for prompt, inputs in zip(prompts, batches, strict=True):
         width = inputs["input_ids"].shape[1]
         outputs: dict[str, Any] = {}
+        times: dict[str, float] = {}
         for name, method in methods.items():  # interleaved prompt by prompt
             start = time.perf_counter()
-            try:
-                outputs[name] = method(inputs)
-            except RuntimeError as error:  # transformers' own path fails on some prompts
-                print(f"  {name} failed: {str(error)[:100]}")
-                continue
-            seconds[name] += time.perf_counter() - start
-            tokens[name] += outputs[name].shape[1] - width
+            output = run(name, method, inputs)
+            if output is not None:
+                outputs[name], times[name] = output, time.perf_counter() - start
+        if len(outputs) == len(methods):  # speeds over the prompts every method decoded
+            for name, output in outputs.items():
+                seconds[name] += times[name]
+                tokens[name] += (output.sequences if name == "ours" else output).shape[1] - width
         stats = outputs["ours"].speculative.summary()
         outputs["ours"] = outputs["ours"].sequences
         plain = outputs["plain"][0]
         checks = {name: logit_gap(target, plain, out[0], width) for name, out in outputs.items() if name != "plain"}
         counts = {key: round(stats[key], 2) for key in ("tau", "acceptance_rate", "plain_steps")}
         print(f"{prompt.category:10s} {prompt.source_id:24s} {checks} {counts}", flush=True)
+        print("    seconds:", {name: round(value, 1) for name, value in times.items()}, flush=True)
     if args.time:
-        rates = {name: tokens[name] / seconds[name] for name in methods if seconds[name]}
-        print("tokens/s:", {name: round(rate, 2) for name, rate in rates.items()})
+        if not all(seconds.values()):
+            print("no prompt that every method decoded: no speeds")
+            return
+        rates = {name: tokens[name] / seconds[name] for name in methods}
+        print("tokens/s over the prompts every method decoded:", {name: round(rate, 2) for name, rate in rates.items()})
         print("ours / plain:", round(rates["ours"] / rates["plain"], 3))
-        if "transformers" in rates:
-            print("ours / transformers:", round(rates["ours"] / rates["transformers"], 3))
+        print("ours / transformers:", round(rates["ours"] / rates["transformers"], 3))
 
 
 if __name__ == "__main__":
