@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -120,10 +121,27 @@ def check_models(
 
 def other_tokenizers(tokenizer: Any, assistant_tokenizer: Any) -> bool:
     """Whether both tokenizers are given and their vocabularies differ: the draft then reads and proposes text,
-    re-encoded between the two tokenizers (`hf_specdec.drafters.translated`)."""
+    re-encoded between the two tokenizers (`hf_specdec.drafters.translated`). Remembered for the pair while their
+    sizes stay the same (building a vocabulary of 150k tokens takes a noticeable part of a second)."""
     if tokenizer is None or assistant_tokenizer is None:
         return False
-    return tokenizer.get_vocab() != assistant_tokenizer.get_vocab()
+    if tokenizer is assistant_tokenizer:
+        return False
+    sizes = (len(tokenizer), len(assistant_tokenizer))
+    try:
+        compared = _COMPARED.setdefault(tokenizer, weakref.WeakKeyDictionary())
+    except TypeError:  # a tokenizer that cannot be weakly referenced: compared every time
+        return tokenizer.get_vocab() != assistant_tokenizer.get_vocab()
+    known = compared.get(assistant_tokenizer)
+    if known is None or known[0] != sizes:
+        known = compared[assistant_tokenizer] = (sizes, tokenizer.get_vocab() != assistant_tokenizer.get_vocab())
+    return known[1]
+
+
+# Whether two tokenizers' vocabularies differ, with their sizes when compared, kept as long as both live.
+_COMPARED: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], bool]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def check_other_tokenizer_settings(tree: Any, assistant_vocab: Any, prompt_lookup: Any) -> None:
