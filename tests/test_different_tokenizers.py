@@ -21,8 +21,12 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -261,6 +265,35 @@ def test_greedy_is_token_identical_to_plain_greedy(name: str, batch: int, schedu
     assert torch.equal(out.sequences, target.generate(**kwargs))
     if name == "words":  # the draft is the target in other ids: its drafts are the target's tokens
         assert out.speculative.summary()["acceptance_rate"] > 0.9
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mistral"])
+def test_drafts_with_a_position_table_or_a_sliding_window_keep_identity(arch: str) -> None:
+    """A GPT-2 draft of 40 positions stops drafting once a row's text outgrows them; a Mistral draft attends
+    through a window of 12 tokens while its rows roll back."""
+    target, _, target_tokenizer, draft_tokenizer = setup("bpe")
+    torch.manual_seed(2)
+    if arch == "gpt2":
+        config = GPT2Config(vocab_size=len(draft_tokenizer), n_embd=64, n_layer=1, n_head=4, n_positions=40)
+        draft = GPT2LMHeadModel(config).eval()
+    else:
+        config = MistralConfig(
+            vocab_size=len(draft_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, sliding_window=12,
+        )  # fmt: skip
+        draft = MistralForCausalLM(config).eval()
+    kwargs = dict(**_prompts(target_tokenizer, 3), max_new_tokens=30, do_sample=False)
+    out = target.generate(
+        **kwargs,
+        assistant=draft,
+        tokenizer=target_tokenizer,
+        assistant_tokenizer=draft_tokenizer,
+        num_assistant_tokens_schedule="constant",
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, target.generate(**kwargs))
+    if arch == "gpt2":  # drafting stopped for good before the end: steps that verified the last token alone
+        assert out.speculative.verify_widths.get(1, 0) > 0
 
 
 def test_a_static_target_cache_keeps_identity() -> None:
