@@ -81,6 +81,13 @@ class TranslatedDrafter(ChainDrafter):
         self.shared: SharedVocabulary | None = None
         if self.do_sample:
             built = shared_vocabulary(tokenizers.target, tokenizers.draft, self.vocab_size, output_vocab_size(model))
+            if built.size == 0:
+                raise ValueError(
+                    "The target's and the draft's tokenizers share no token (none is spelled the same in both "
+                    "vocabularies), and sampling with a draft of another tokenizer proposes only shared tokens. Pass "
+                    "a draft whose tokenizer shares tokens with the target's, or decode greedily (do_sample=False), "
+                    "which re-encodes the draft's text instead."
+                )
             self.shared = built.to(self.device)
         draft_tokenizer = tokenizers.draft
         fallback = next((i for i in (draft_tokenizer.bos_token_id, draft_tokenizer.eos_token_id) if i is not None), 0)
