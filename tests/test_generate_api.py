@@ -161,12 +161,9 @@ def test_draft_with_a_padded_vocabulary_and_the_same_tokenizer() -> None:
     tok = _tokenizer(VOCAB)
     out = target.generate(**kwargs, assistant=draft, tokenizer=tok, assistant_tokenizer=_tokenizer(VOCAB))
     assert torch.equal(out, target.generate(**kwargs))
-    try:
-        target.generate(**kwargs, assistant=draft, tokenizer=tok, assistant_tokenizer=_tokenizer(VOCAB - 1))
-    except ValueError as error:
-        assert "different vocabularies" in str(error)
-    else:
-        raise AssertionError("different tokenizers must be refused")
+    # Another vocabulary: the draft drafts through text (tests/test_different_tokenizers.py), still identical.
+    other = target.generate(**kwargs, assistant=draft, tokenizer=tok, assistant_tokenizer=_tokenizer(VOCAB - 1))
+    assert torch.equal(other, out)
 
 
 def test_user_logits_processor_and_prefix_constraint_keep_identity() -> None:

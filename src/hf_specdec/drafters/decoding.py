@@ -20,9 +20,12 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.draft_tree import DraftTreeDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.text_alignment import Tokenizers
+from hf_specdec.drafters.translated import TranslatedDrafter
 from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
+from hf_specdec.generation.validation import check_other_tokenizer_settings
 from hf_specdec.trees.dynamic import DynamicTree
 
 
@@ -40,6 +43,7 @@ def speculative_decode(
     costs: SpeculativeCosts | None = None,
     assistant_vocab: torch.Tensor | None = None,
     tree: DynamicTree | None = None,
+    tokenizers: Tokenizers | None = None,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs: Any,
@@ -60,12 +64,16 @@ def speculative_decode(
         assistant_vocab (`torch.LongTensor`, *optional*): the only tokens the draft may propose.
         tree (`DynamicTree`, *optional*): the draft model grows this tree per row and step (`DraftTreeDrafter`)
             instead of a chain; with prompt lookup, each row's looked-up continuation is grafted onto it.
+        tokenizers (`Tokenizers`, *optional*): the target's and the draft's tokenizers, when their vocabularies
+            differ: the draft then drafts through text (`TranslatedDrafter`, chains only).
         streamer, generator, model_kwargs: as for [`decode`].
     """
     if assistant is None and prompt_lookup is None:
         raise ValueError("Pass a source of drafts: `assistant=` (a draft model), `prompt_lookup=`, or both.")
     if tree is not None and assistant is None:
         raise ValueError("A draft tree is grown by a draft model: pass `assistant=` too.")
+    if tokenizers is not None:
+        check_other_tokenizer_settings(tree, assistant_vocab, prompt_lookup)
     schedule = DraftLengthPolicy() if draft_length is None else draft_length
     make_drafter = functools.partial(
         _drafter,
@@ -73,6 +81,7 @@ def speculative_decode(
         prompt_lookup=prompt_lookup,
         assistant_vocab=assistant_vocab,
         tree=tree,
+        tokenizers=tokenizers,
         schedule=schedule,
     )
     path = "`assistant=`" if assistant is not None else "prompt lookup"
@@ -105,11 +114,14 @@ def _drafter(
     prompt_lookup: PromptLookupDrafter | None,
     assistant_vocab: torch.Tensor | None,
     tree: DynamicTree | None,
+    tokenizers: Tokenizers | None,
     schedule: DraftLengthPolicy,
 ) -> Drafter:
     if assistant is None:
         assert prompt_lookup is not None
         return prompt_lookup
+    if tokenizers is not None:
+        return TranslatedDrafter(assistant, tokenizers, context, schedule)
     common = (assistant, context.vocab_size, context.processors, context.do_sample, context.generator, assistant_vocab)
     settings = {"schedule": schedule, "reads": context.reads, "generation_config": context.generation_config}
     if tree is not None:

@@ -32,6 +32,7 @@ from hf_specdec.drafters.draft_tree import draft_tree_spec
 from hf_specdec.drafters.early_exit import early_exit_draft
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.mtp_generate import generate_with_mtp, wants_mtp
+from hf_specdec.drafters.text_alignment import Tokenizers
 from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
@@ -45,7 +46,13 @@ from hf_specdec.generation.arguments import (
 from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
 from hf_specdec.generation.model_class import transformers_generate
-from hf_specdec.generation.validation import check_architecture, check_models, output_vocab_size
+from hf_specdec.generation.validation import (
+    check_architecture,
+    check_models,
+    check_other_tokenizer_settings,
+    other_tokenizers,
+    output_vocab_size,
+)
 from hf_specdec.trees.dynamic import DynamicTree
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.
@@ -74,8 +81,9 @@ def speculative_generate(
     Args:
         model (`PreTrainedModel`): the target, a transformers causal LM.
         inputs, generation_config, kwargs: as for transformers' `generate()`.
-        assistant (`PreTrainedModel`): a smaller causal LM with the target's vocabulary that drafts tokens
-            (transformers' name, `assistant_model=`, is taken as the same).
+        assistant (`PreTrainedModel`): a smaller causal LM that drafts tokens (transformers' name,
+            `assistant_model=`, is taken as the same): with the target's vocabulary, or of another vocabulary with
+            `tokenizer=` and `assistant_tokenizer=` (see below).
         assistant_early_exit (`int`): self-speculation: the target's own first `assistant_early_exit` layers, its
             final norm and its lm_head draft (LayerSkip; they share the target's weights, with a KV cache of their
             own). Pays on models trained for early exit (e.g. LayerSkip checkpoints).
@@ -111,8 +119,12 @@ def speculative_generate(
             instead of timings measured while decoding (e.g. `out.speculative.costs` of an earlier run). Draft
             lengths and the hybrid's choice then depend on the tokens alone, so sampling with a seeded
             `generator` is bitwise reproducible on a fixed machine.
-        tokenizer / assistant_tokenizer: compared when the two models' vocabulary sizes differ; `tokenizer`
-            is also needed for `stop_strings`.
+        tokenizer / assistant_tokenizer: the target's and the draft's tokenizers. Where their vocabularies
+            differ, the draft reads the text in its own tokens and its drafts are re-encoded as target tokens
+            (`hf_specdec.drafters.translated`: greedy stays token-identical to plain greedy; sampling proposes only
+            the tokens both vocabularies share and keeps the target's distribution exactly; chains only, without
+            prompt lookup or `assistant_vocab`). Where they are the same, they let vocabulary sizes differ.
+            `tokenizer` is also needed for `stop_strings`.
         plain_generate (`Callable`, *optional*): the `generate()` to hand the prepared call to (default: the one
             transformers gives `model`'s class).
 
@@ -159,9 +171,14 @@ def speculative_generate(
         raise TypeError(f"Pass generate()'s arguments after `generation_config` by keyword with {path}.")
     check_generate_arguments(model, inputs, kwargs, path)
     _check_speculative_kwargs(kwargs, path)
+    tokenizers = None
     if assistant is not None:
         assistant = as_draft_model(assistant)
-        check_models(model, assistant, kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None))
+        tokenizer, assistant_tokenizer = kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None)
+        check_models(model, assistant, tokenizer, assistant_tokenizer)
+        if other_tokenizers(tokenizer, assistant_tokenizer):  # the draft drafts through text
+            check_other_tokenizer_settings(tree, assistant_vocab, lookup_tokens)
+            tokenizers = Tokenizers(tokenizer, assistant_tokenizer)
     if assistant_vocab is not None:
         assert assistant is not None
         assistant_vocab = check_token_ids(
@@ -199,6 +216,7 @@ def speculative_generate(
         costs=costs,
         assistant_vocab=assistant_vocab,
         tree=None if tree is None else draft_tree_spec(tree),
+        tokenizers=tokenizers,
         streamer=kwargs.get("streamer"),
         continue_cache=cache_given(kwargs),
     )

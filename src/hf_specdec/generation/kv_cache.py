@@ -340,12 +340,39 @@ class CachedSequence:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
         drop = num_new - keep_max
         if drop > 0:
-            self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
-            self.valid = self.valid[:, :-drop]
-            if self._windowed:
-                self.positions = self.positions[:, :-drop]
+            self._drop_last(drop)
         start = self.num_slots - keep_max
         self.valid[:, start:].logical_and_(_row_of_offsets(keep_max, self.valid.device) < num_keep[:, None])
+
+    def keep_before(self, limit: torch.Tensor) -> None:
+        """Keep, for each row, its slots at logical positions below `limit[b]` and drop the later ones (a draft
+        whose own tokenization of the text changed rolls back to the tokens it still shares).
+
+        For a sequence whose row b was fed the tokens of positions 0, 1, 2, ... in order (holes aside): the row
+        then keeps its first `limit[b]` tokens. The dropped slots become holes; slots no row keeps any more are
+        cropped from the end of the cache.
+
+        Args:
+            limit (`torch.LongTensor` of shape `(batch,)`): the first logical position each row drops.
+        """
+        if self.num_slots == 0:
+            return
+        limit = limit.to(self.valid.device)[:, None]
+        if self._windowed:  # slots that left the window are holes already: read the positions
+            self.valid &= self.positions < limit
+        else:  # real slots in order from position 0: a slot's position is the number of real slots before it
+            self.valid &= self.valid.long().cumsum(dim=1) <= limit
+        kept = self.valid.any(dim=0).nonzero()  # (k, 1) slots some row keeps
+        drop = self.num_slots - (int(kept.max()) + 1 if kept.numel() else 0)
+        if drop > 0:
+            self._drop_last(drop)
+
+    def _drop_last(self, drop: int) -> None:
+        """Crop the last `drop` slots from the cache and the bookkeeping."""
+        self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
+        self.valid = self.valid[:, :-drop]
+        if self._windowed:
+            self.positions = self.positions[:, :-drop]
 
     def keep_path(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -68,11 +69,12 @@ def check_models(
 ) -> None:
     """Raise `ValueError` when `draft` cannot draft for `target`.
 
-    The two must be decoder-only causal LMs (see [`check_architecture`]) whose token ids mean the same thing;
-    the draft must be another model than the target (a copy with equal weights is fine), with its weights
-    loaded. Its device and dtype may differ from the target's (drafts move between devices; the target verifies
-    every token in its own dtype). Vocabulary sizes may differ (models often pad their embedding matrix),
-    provided both tokenizers are given and are identical.
+    The two must be decoder-only causal LMs (see [`check_architecture`]) whose token ids mean the same thing,
+    or whose tokenizers are both given (then any two vocabularies: see [`other_tokenizers`]); the draft must be
+    another model than the target (a copy with equal weights is fine), with its weights loaded. Its device and
+    dtype may differ from the target's (drafts move between devices; the target verifies every token in its own
+    dtype). Vocabulary sizes may differ (models often pad their embedding matrix), provided both tokenizers are
+    given.
     """
     for role, model in (("target", target), ("draft", draft)):
         check_architecture(model, role)
@@ -90,11 +92,8 @@ def check_models(
     if assistant_tokenizer is not None:
         if tokenizer is None:
             raise ValueError("`assistant_tokenizer=` needs `tokenizer=` too: the two vocabularies are compared.")
-        if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
-            raise ValueError(
-                "The target's and the draft's tokenizers have different vocabularies, so a drafted token id "
-                "means something else to the target. Choose a draft trained with the target's tokenizer."
-            )
+        if other_tokenizers(tokenizer, assistant_tokenizer):
+            return  # the draft drafts through text: its ids never reach the target
         size = len(tokenizer)
         if size > min(output_vocab_size(target), output_vocab_size(draft)):
             raise ValueError(
@@ -117,6 +116,54 @@ def check_models(
             f"The target's bos_token_id is {mine} but the draft's is {theirs}: they likely use different "
             "tokenizers. If the vocabularies really are the same, pass `tokenizer=` and "
             "`assistant_tokenizer=` to `generate()` to have them compared."
+        )
+
+
+def other_tokenizers(tokenizer: Any, assistant_tokenizer: Any) -> bool:
+    """Whether both tokenizers are given and their vocabularies differ: the draft then reads and proposes text,
+    re-encoded between the two tokenizers (`hf_specdec.drafters.translated`). Remembered for the pair while their
+    sizes stay the same (building a vocabulary of 150k tokens takes a noticeable part of a second)."""
+    if tokenizer is None or assistant_tokenizer is None:
+        return False
+    if tokenizer is assistant_tokenizer:
+        return False
+    sizes = (len(tokenizer), len(assistant_tokenizer))
+    try:
+        compared = _COMPARED.setdefault(tokenizer, weakref.WeakKeyDictionary())
+    except TypeError:  # a tokenizer that cannot be weakly referenced: compared every time
+        return tokenizer.get_vocab() != assistant_tokenizer.get_vocab()
+    known = compared.get(assistant_tokenizer)
+    if known is None or known[0] != sizes:
+        known = compared[assistant_tokenizer] = (sizes, tokenizer.get_vocab() != assistant_tokenizer.get_vocab())
+    return known[1]
+
+
+# Whether two tokenizers' vocabularies differ, with their sizes when compared, kept as long as both live.
+_COMPARED: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], bool]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def check_other_tokenizer_settings(tree: Any, assistant_vocab: Any, prompt_lookup: Any) -> None:
+    """Raise `ValueError` for settings a draft of another tokenizer cannot take: its drafts reach the target as
+    text re-encoded into one chain of target tokens per row."""
+    other = "a draft of another tokenizer (`assistant_tokenizer=` differs from `tokenizer=`)"
+    if tree is not None:
+        raise ValueError(
+            f"`tree=` cannot be combined with {other}: its drafts reach the target as text re-encoded into one "
+            "chain of target tokens per row, and each branch of a tree would need its own re-encoding. Drop "
+            "`tree=` (the draft then drafts chains), or pass a draft that uses the target's tokenizer."
+        )
+    if assistant_vocab is not None:
+        raise ValueError(
+            f"`assistant_vocab` lists target ids for the draft to propose, and {other} scores ids of its own "
+            "vocabulary: drop `assistant_vocab`, or pass a draft that uses the target's tokenizer."
+        )
+    if prompt_lookup is not None:
+        raise ValueError(
+            f"Prompt lookup cannot be combined with {other}: drafting with both weighs prompt lookup against a "
+            "draft of the target's tokenizer only. Drop `prompt_lookup_num_tokens`, or drop `assistant=` to draft "
+            "by prompt lookup alone."
         )
 
 
