@@ -12,7 +12,7 @@ import safetensors.torch
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, zoo
+from hf_specdec import MedusaConfig, MedusaForCausalLM, zoo
 from hf_specdec.medusa import checkpoint
 from tests.recipe import recipe_main
 from tests.test_training import _conversations, tiny_tokenizer
@@ -354,15 +354,19 @@ def test_damaged_files_of_other_layouts_name_the_folder(tmp_path: Path, base, na
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("name", ["past_key_values", "cache"])
 @pytest.mark.parametrize("extra", [{}, {"tree": 3}, {"prompt_lookup_num_tokens": 3}])
-def test_a_cache_is_refused_on_the_heads_path(models, head_type: str, name: str, extra: dict) -> None:
-    with pytest.raises(ValueError, match=rf"`{name}=` cannot be passed with `medusa=True`.*its own KV cache"):
-        _generate(models[head_type], medusa=True, **{name: DynamicCache()}, **extra)
+def test_a_fresh_cache_is_filled_on_the_heads_path(models, base, head_type: str, name: str, extra: dict) -> None:
+    plain_cache, cache = DynamicCache(), DynamicCache()
+    plain = _generate(base, cache=plain_cache)
+    assert torch.equal(_generate(models[head_type], medusa=True, **{name: cache}, **extra), plain)
+    assert cache.get_seq_length() == plain_cache.get_seq_length()
 
 
-def test_a_cache_with_a_static_or_dynamic_tree_is_refused(models) -> None:
-    for tree in ("chain", [[0], [1]], DynamicTree(num_nodes=3)):
-        with pytest.raises(ValueError, match="past_key_values"):
-            _generate(models["medusa"], medusa=True, tree=tree, past_key_values=DynamicCache())
+def test_eagle_heads_refuse_a_cache_holding_tokens(models, base) -> None:
+    cache = DynamicCache()
+    out = _generate(base, cache=cache)
+    mask = torch.ones_like(out)
+    with pytest.raises(ValueError, match="hidden state at every prompt position"):
+        _generate(models["eagle"], medusa=True, input_ids=out, attention_mask=mask, cache=cache)
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
