@@ -5,6 +5,7 @@ Usage, from the repository root (the zoo's models, bf16, batch size 1, the bench
 
     python tools/other_tokenizer_check.py                       # 3 prompts, identity only
     python tools/other_tokenizer_check.py --n 6 --time          # warm up, then time the three methods interleaved
+    python tools/other_tokenizer_check.py --n 8 --batch 4 --time  # batches of 4 (transformers takes batch size 1 only)
 
 For every prompt it prints whether our output and transformers' equal plain greedy's token for token and, where
 one does not, the first differing position and the target's logit gap there between plain greedy's token and the
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--draft", default="smollm2-135m")
     parser.add_argument("--n", type=int, default=3, help="prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1, help="prompts per call (transformers' path: 1 only)")
     parser.add_argument("--time", action="store_true", help="warm up, then time the methods interleaved")
     args = parser.parse_args()
     target, target_tokenizer = load_model(args.target, dtype=torch.bfloat16)
@@ -66,14 +68,17 @@ def main() -> None:
         "ours": lambda inputs: target.generate(**inputs, **settings, assistant=draft, return_dict_in_generate=True),
         "transformers": lambda inputs: target.generate(**inputs, **settings, assistant_model=draft),
     }
+    if args.batch > 1:
+        del methods["transformers"]  # "assisted generate is only supported for batch_size = 1"
     prompts = load_prompts(["mt-bench", "humaneval", "gsm8k"], args.n, seed=0)
-    batches = [chat_inputs(target_tokenizer, [prompt.text]) for prompt in prompts]
+    groups = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
+    batches = [chat_inputs(target_tokenizer, [prompt.text for prompt in group]) for group in groups]
     if args.time:  # warm up every method (on the last prompt: the first may be one transformers fails on)
         for name, method in methods.items():
             run(name, method, batches[-1])
     seconds = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
-    for prompt, inputs in zip(prompts, batches, strict=True):
+    for group, inputs in zip(groups, batches, strict=True):
         width = inputs["input_ids"].shape[1]
         outputs: dict[str, Any] = {}
         times: dict[str, float] = {}
@@ -85,13 +90,20 @@ def main() -> None:
         if len(outputs) == len(methods):  # speeds over the prompts every method decoded
             for name, output in outputs.items():
                 seconds[name] += times[name]
-                tokens[name] += (output.sequences if name == "ours" else output).shape[1] - width
+                sequences = output.sequences if name == "ours" else output
+                tokens[name] += (sequences.shape[1] - width) * sequences.shape[0]
         stats = outputs["ours"].speculative.summary()
         outputs["ours"] = outputs["ours"].sequences
-        plain = outputs["plain"][0]
-        checks = {name: logit_gap(target, plain, out[0], width) for name, out in outputs.items() if name != "plain"}
         counts = {key: round(stats[key], 2) for key in ("tau", "acceptance_rate", "plain_steps")}
-        print(f"{prompt.category:10s} {prompt.source_id:24s} {checks} {counts}", flush=True)
+        for row, prompt in enumerate(group):
+            start = int((inputs["attention_mask"][row] == 0).sum())  # left padding
+            plain = outputs["plain"][row, start:]
+            checks = {
+                name: logit_gap(target, plain, out[row, start:], width - start)
+                for name, out in outputs.items()
+                if name != "plain"
+            }
+            print(f"{prompt.category:10s} {prompt.source_id:24s} {checks} {counts}", flush=True)
         print("    seconds:", {name: round(value, 1) for name, value in times.items()}, flush=True)
     if args.time:
         if not all(seconds.values()):
@@ -100,7 +112,8 @@ def main() -> None:
         rates = {name: tokens[name] / seconds[name] for name in methods}
         print("tokens/s over the prompts every method decoded:", {name: round(rate, 2) for name, rate in rates.items()})
         print("ours / plain:", round(rates["ours"] / rates["plain"], 3))
-        print("ours / transformers:", round(rates["ours"] / rates["transformers"], 3))
+        if "transformers" in rates:
+            print("ours / transformers:", round(rates["ours"] / rates["transformers"], 3))
 
 
 if __name__ == "__main__":
