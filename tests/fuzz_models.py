@@ -13,7 +13,8 @@ Each case draws, from a seed:
   limits, EOS ids that the model really emits;
 - a drafter per path (`PATHS`): a draft model (another random architecture, or a noisy twin of the target, with its
   own position limit, vocabulary size and dtype) drafting chains or trees, prompt lookup (up to 10**6 tokens), both,
-  the target's own first layers (`assistant_early_exit=`, chains or trees, with or without lookup), and random
+  the target's own first layers (`assistant_early_exit=`, chains or trees, with or without lookup), a draft of
+  another vocabulary drafting through text (word-level tokenizers sharing part of their words), and random
   untrained heads of every head type (Medusa, recurrent, EAGLE) with static, dynamic and lookup trees;
   always with fixed `speculative_costs`, so that a case is deterministic.
 
@@ -57,6 +58,7 @@ PATHS = (
     "lookup",
     "hybrid",
     "early_exit",
+    "other_tokenizer",
     "medusa",
     "medusa_dynamic",
     "medusa_lookup",
@@ -521,6 +523,8 @@ class Case:
     eos_pick: int = 0  # which generated token becomes the EOS id (from_output modes)
     draft: dict[str, Any] | None = None  # {"kind": "model", "spec": {...}} | "twin" | "no_lm_head" | "target"
     tokenizers: bool = False  # pass tokenizer= and assistant_tokenizer=
+    # A draft tokenizer of another vocabulary: {"seed", "size", "shared"} (see `draft_tokenizer`).
+    draft_vocab: dict[str, Any] | None = None
     heads: dict[str, Any] | None = None  # MedusaConfig fields + noise, seed, token_ids
     path_kwargs: dict[str, Any] = field(default_factory=dict)  # trees encoded, see `_decode_tree`
     costs: list[float] = field(default_factory=lambda: [0.0, 0.0])  # speculative_costs=SpeculativeCosts(*costs)
@@ -793,6 +797,16 @@ def draw_case(path: str, seed: str) -> Case:
             _lookup_kwargs(rng, kw, schedule=False)
     elif path == "lookup":
         _lookup_kwargs(rng, kw)
+    elif path == "other_tokenizer":  # a draft of another vocabulary, drafting through text
+        rows = rng.randint(16, 320)
+        spec = draw_model_spec(rng, rows, _specials(rng, rows), draft=True)
+        case.draft = {"kind": "model", "spec": asdict(spec)}
+        case.tokenizers = True
+        case.draft_vocab = {"seed": rng.randint(0, 10**6), "size": rows, "shared": rng.choice([0.0, 0.3, 0.9, 1.0])}
+        if rng.random() < 0.1:
+            kw["tree"] = rng.randint(1, 8)  # refused: a draft of another tokenizer drafts chains
+        else:
+            _chain_kwargs(rng, kw)
     elif path == "early_exit":  # the target's first layers draft (one layer of one: refused)
         kw["assistant_early_exit"] = rng.randint(1, max(1, target.layers - 1))
         if rng.random() < 0.3:
@@ -828,16 +842,42 @@ def quiet() -> Iterator[None]:
         transformers_logging.set_verbosity(verbosity)
 
 
-def tokenizer(case: Case) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer of the case's size whose special tokens are the target's ids (a fresh object)."""
-    from tokenizers import Tokenizer, models
-
-    spec = case.target
+def _special_names(spec: ModelSpec) -> dict[int | None, str]:
     names = {spec.bos: "<s>", spec.eos: "</s>"}
     if spec.pad is not None and spec.pad not in names:
         names[spec.pad] = "<pad>"
-    tokens = [names.get(i, f"t{i}") for i in range(case.tokenizer_size)]
+    return names
+
+
+def tokenizer(case: Case) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer of the case's size whose special tokens are the target's ids (a fresh object)."""
+    names = _special_names(case.target)
+    return _word_level([names.get(i, f"t{i}") for i in range(case.tokenizer_size)], case.target, names, case)
+
+
+def draft_tokenizer(case: Case) -> PreTrainedTokenizerFast:
+    """The draft's word-level tokenizer of another vocabulary: a `shared` part of the target's words at other
+    ids, words of its own for the rest, the draft's special ids."""
+    assert case.draft_vocab is not None
+    spec = ModelSpec(**case.draft["spec"])  # type: ignore[index]
+    rng = random.Random(case.draft_vocab["seed"])
+    names = _special_names(spec)
+    own = [i for i in range(case.draft_vocab["size"]) if i not in names]
+    words = [f"t{i}" for i in range(case.tokenizer_size) if i not in _special_names(case.target)]
+    shared = rng.sample(words, min(len(words), len(own), round(case.draft_vocab["shared"] * len(own))))
+    rng.shuffle(own)
+    chosen = dict(zip(own, shared + [f"u{j}" for j in range(len(own) - len(shared))], strict=True))
+    return _word_level([names.get(i, chosen.get(i, "")) for i in range(spec.rows)], spec, names, case)
+
+
+def _word_level(
+    tokens: list[str], spec: ModelSpec, names: dict[int | None, str], case: Case
+) -> PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[-1]))
+    if case.draft_vocab is not None:  # text goes through both tokenizers: words split on spaces
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     specials: dict[str, str] = {}
     if spec.bos is not None:
         specials["bos_token"] = names[spec.bos]
@@ -1023,7 +1063,7 @@ def speculative_kwargs(case: Case, draft: Any = None) -> dict[str, Any]:
         kw["assistant"] = draft
     if case.tokenizers:
         kw["tokenizer"] = tokenizer(case)
-        kw["assistant_tokenizer"] = tokenizer(case)
+        kw["assistant_tokenizer"] = tokenizer(case) if case.draft_vocab is None else draft_tokenizer(case)
     return kw
 
 
