@@ -241,3 +241,19 @@ class ChainDrafter:
 
     def follow(self, accepted: Accepted) -> None:
         """Nothing to do by default: chain drafters read committed tokens from the buffer."""
+
+
+def append_pending(
+    features: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor, accepted: Accepted
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A plain step for a drafter fed the target's hidden states: each row's root (its hidden state, and the
+    target's token after it) joins the row's pending entries `features` `(A, P, H)` and `tokens` `(A, P)` at its
+    `count` `(A,)`. Returns the new entries and counts."""
+    assert accepted.hidden is not None
+    rows, _, size = features.shape
+    features = torch.cat([features, features.new_zeros(rows, 1, size)], dim=1)
+    tokens = torch.cat([tokens, tokens.new_zeros(rows, 1)], dim=1)
+    slot = count[:, None]
+    features.scatter_(1, slot[..., None].expand(-1, 1, size), accepted.hidden[:, :1].to(features))
+    tokens.scatter_(1, slot, accepted.tokens[:, :1].to(tokens))
+    return features, tokens, count + 1

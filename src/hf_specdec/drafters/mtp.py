@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from transformers.modeling_layers import MtpModel
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, chain_proposal
+from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, append_pending, chain_proposal
 from hf_specdec.drafters.draft_model import draft_distribution
 from hf_specdec.drafters.mtp_layers import MtpLayerStep, layer_sequence, mtp_logits
 from hf_specdec.generation.decisions import CostModel
@@ -196,14 +196,7 @@ class MtpDrafter:
     def follow(self, accepted: Accepted) -> None:
         """A plain step: the root's slot (its hidden state, the target's token after it) joins the pending ones."""
         assert self.hidden is not None and self.tokens is not None and self.count is not None
-        assert accepted.hidden is not None
-        rows, _, size = self.hidden.shape
-        hidden = torch.cat([self.hidden, self.hidden.new_zeros(rows, 1, size)], dim=1)
-        tokens = torch.cat([self.tokens, self.tokens.new_zeros(rows, 1)], dim=1)
-        slot = self.count[:, None]
-        hidden.scatter_(1, slot[..., None].expand(-1, 1, size), accepted.hidden[:, :1].to(hidden))
-        tokens.scatter_(1, slot, accepted.tokens[:, :1].to(tokens))
-        self.hidden, self.tokens, self.count = hidden, tokens, self.count + 1
+        self.hidden, self.tokens, self.count = append_pending(self.hidden, self.tokens, self.count, accepted)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         assert self.hidden is not None and self.tokens is not None

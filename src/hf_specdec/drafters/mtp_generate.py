@@ -14,8 +14,14 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from hf_specdec.drafters.mtp_decoding import mtp_decode
 from hf_specdec.drafters.mtp_layers import mtp_layers
-from hf_specdec.generation.arguments import cache_given, passed, requested, with_stop_strings, withhold
-from hf_specdec.generation.decisions import SpeculativeCosts
+from hf_specdec.generation.arguments import (
+    cache_given,
+    passed,
+    requested,
+    speculative_costs_argument,
+    with_stop_strings,
+    withhold,
+)
 from hf_specdec.generation.inputs import check_generate_arguments
 from hf_specdec.trees.dynamic import DynamicTree
 
@@ -71,9 +77,7 @@ def generate_with_mtp(
         raise ValueError(f"num_assistant_tokens_schedule takes 'adaptive' or 'constant' with {PATH}, got {schedule!r}.")
     check_generate_arguments(model, inputs, kwargs, PATH)
     layers = mtp_layers(model)  # refuses a model without MTP layers before transformers prepares anything
-    costs = kwargs.pop("speculative_costs", None)
-    if costs is not None and not isinstance(costs, SpeculativeCosts):
-        raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
+    costs = speculative_costs_argument(kwargs)
     generation_config, kwargs = withhold(model, generation_config, kwargs, ("use_mtp", "num_assistant_tokens_schedule"))
     generation_config, kwargs = with_stop_strings(model, generation_config, kwargs)
     decode = functools.partial(

@@ -29,6 +29,7 @@ from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from hf_specdec.drafters.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE
+from hf_specdec.generation.decisions import SpeculativeCosts
 
 # Settings transformers would act on itself if they reached its `generate()`.
 LOOKUP_SETTINGS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")
@@ -125,3 +126,11 @@ def with_stop_strings(
 def cache_given(kwargs: dict[str, Any]) -> bool:
     """Whether the call continues from a cache of the caller's (`cache=`, or its former name `past_key_values=`)."""
     return any(kwargs.get(name) is not None for name in ("cache", "past_key_values"))
+
+
+def speculative_costs_argument(kwargs: dict[str, Any]) -> SpeculativeCosts | None:
+    """`speculative_costs=`, taken out of `kwargs` (transformers does not know it), checked."""
+    costs = kwargs.pop("speculative_costs", None)
+    if costs is not None and not isinstance(costs, SpeculativeCosts):
+        raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
+    return costs

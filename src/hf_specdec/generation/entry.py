@@ -40,10 +40,10 @@ from hf_specdec.generation.arguments import (
     lookup_settings,
     passed,
     requested,
+    speculative_costs_argument,
     with_stop_strings,
     withhold,
 )
-from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments, check_generation_config_type
 from hf_specdec.generation.model_class import transformers_generate
 from hf_specdec.generation.validation import (
@@ -186,9 +186,7 @@ def speculative_generate(
             min(output_vocab_size(model), output_vocab_size(assistant)),
             "`assistant_vocab`",
         )
-    costs = kwargs.pop("speculative_costs", None)
-    if costs is not None and not isinstance(costs, SpeculativeCosts):
-        raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
+    costs = speculative_costs_argument(kwargs)
     lookup = lookup_settings(model, generation_config, kwargs)
     schedule = _pick(requested(model, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)
     if schedule not in SCHEDULES:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
+from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, append_pending, committed_tokens
 from hf_specdec.drafters.draft_tree import FrontierAncestry
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
@@ -183,14 +183,7 @@ class EagleDrafter:
     def follow(self, accepted: Accepted) -> None:
         """A plain step: the root's entry (its feature, the target's token after it) joins the pending ones."""
         assert self.features is not None and self.tokens is not None and self.count is not None
-        assert accepted.hidden is not None
-        rows, _, size = self.features.shape
-        features = torch.cat([self.features, self.features.new_zeros(rows, 1, size)], dim=1)
-        tokens = torch.cat([self.tokens, self.tokens.new_zeros(rows, 1)], dim=1)
-        slot = self.count[:, None]
-        features.scatter_(1, slot[..., None].expand(-1, 1, size), accepted.hidden[:, :1].to(features))
-        tokens.scatter_(1, slot, accepted.tokens[:, :1].to(tokens))
-        self.features, self.tokens, self.count = features, tokens, self.count + 1
+        self.features, self.tokens, self.count = append_pending(self.features, self.tokens, self.count, accepted)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         assert self.seq is not None and self.features is not None and self.tokens is not None

@@ -22,10 +22,10 @@ from hf_specdec.generation.arguments import (
     lookup_settings,
     passed,
     requested,
+    speculative_costs_argument,
     with_stop_strings,
     withhold,
 )
-from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.inputs import check_generate_arguments
 from hf_specdec.generation.validation import check_rollback, output_vocab_size
 from hf_specdec.medusa.card import model_card
@@ -415,9 +415,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 )
         generation_config = kwargs.pop("generation_config", None)
         prompt_lookup, adaptive = _prompt_lookup(self.base, generation_config, kwargs)
-        costs = kwargs.pop("speculative_costs", None)
-        if costs is not None and not isinstance(costs, SpeculativeCosts):
-            raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
+        costs = speculative_costs_argument(kwargs)
         generation_config, kwargs = withhold(self.base, generation_config, kwargs, LOOKUP_SETTINGS)
         generation_config, kwargs = with_stop_strings(self.base, generation_config, kwargs)
         decode = functools.partial(
