@@ -475,3 +475,28 @@ def test_a_cache_rolled_back_per_row_computes_what_a_fresh_one_does(arch: str) -
         fresh = model(torch.tensor([kept])).logits[0, -1]
         torch.testing.assert_close(out.logits[row, -1], fresh, rtol=1e-4, atol=1e-4)
     assert seq.num_slots == 15 + 2  # the last slot, which no row kept, was cropped; row 0's holes stay
+
+
+@pytest.mark.parametrize("name", ["words", "bpe"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_conversation_continues_from_its_cache(name: str, batch: int) -> None:
+    """`cache=` from the previous turn: plain's tokens at every turn (the draft re-reads the whole text)."""
+    from transformers import DynamicCache
+
+    target, draft, target_tokenizer, draft_tokenizer = setup(name)
+    others = {"assistant": draft, "tokenizer": target_tokenizer, "assistant_tokenizer": draft_tokenizer}
+
+    def conversation(extra: dict) -> list[torch.Tensor]:
+        inputs, cache, outputs = _prompts(target_tokenizer, batch), DynamicCache(config=target.config), []
+        for _ in range(2):
+            out = target.generate(**inputs, max_new_tokens=12, do_sample=False, cache=cache, **extra)
+            outputs.append(out)
+            ids = torch.cat([out, out[:, -3:]], dim=1)  # the next turn repeats the last three tokens
+            mask = torch.cat(
+                [inputs["attention_mask"], torch.ones_like(ids[:, inputs["attention_mask"].shape[1] :])], 1
+            )
+            inputs = {"input_ids": ids, "attention_mask": mask}
+        return outputs
+
+    plain, ours = conversation({}), conversation(others)
+    assert all(torch.equal(a, b) for a, b in zip(plain, ours, strict=True))
