@@ -113,7 +113,8 @@ def test_speculative_generate_leaves_the_model_as_it_was() -> None:
 
 
 def test_transformers_own_methods_stay_transformers_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`assistant_model=` with the lossy ensemble weight is transformers' own assisted decoding, untouched."""
+    """`assistant_model=` with DFlash is transformers' own assisted decoding, untouched (transformers then finds
+    that the tiny Llama is no DFlash drafter); beside `assistant=` it is refused."""
     target, draft = hf_specdec.speculative(tiny_model("llama", seed=0)), tiny_model("llama", seed=1, num_layers=1)
     seen = []
     original = GenerationMixin.generate
@@ -123,12 +124,17 @@ def test_transformers_own_methods_stay_transformers_own(monkeypatch: pytest.Monk
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(GenerationMixin, "generate", spy)
-    expected = GenerationMixin.generate(target, **_call(1, assistant_model=draft, assistant_ensemble_weight=0.5))
-    seen.clear()
-    out = target.generate(**_call(1, assistant_model=draft, assistant_ensemble_weight=0.5))
-    assert seen and not any(seen) and torch.equal(out, expected)  # no loop of ours handed in
-    with pytest.raises(ValueError, match="assistant_ensemble_weight"):
-        target.generate(**_call(1, assistant=draft, assistant_ensemble_weight=0.5))
+    with pytest.raises(Exception):  # noqa: B017  (whatever transformers raises on it)
+        target.generate(**_call(1, assistant_model=draft, speculation_type="dflash"))
+    assert seen and seen[0] is None  # no loop of ours handed in
+    with pytest.raises(ValueError, match="speculation_type"):
+        target.generate(**_call(1, assistant=draft, speculation_type="dflash"))
+
+
+def test_use_mtp_beside_a_draft_model_is_refused() -> None:
+    target, draft = hf_specdec.speculative(tiny_model("llama", seed=0)), tiny_model("llama", seed=1, num_layers=1)
+    with pytest.raises(ValueError, match="drop `assistant=`"):
+        target.generate(**_call(1, assistant_model=draft, use_mtp=True))
 
 
 _FREE_DRAFT = hf_specdec.SpeculativeCosts(draft_forward=0.05, verify_per_token=0.01)

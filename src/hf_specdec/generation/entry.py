@@ -9,8 +9,8 @@ processors, stopping criteria, lengths, special tokens) and then hands the decod
 
 Transformers' speculative methods that this loop does not run stay transformers' own, untouched, when asked for by
 transformers' own arguments: `assistant_model=` with an assistant that attends to the target's cache (Gemma 4
-assistants), with `speculation_type="dflash"`, `use_mtp=True` or the lossy `assistant_ensemble_weight`. Combined
-with this library's own arguments (`assistant=`, prompt lookup) they are refused. `use_mtp=True` alone (the model's
+assistants) or with `speculation_type="dflash"`. Combined with this library's own arguments (`assistant=`,
+prompt lookup) they are refused. `use_mtp=True` alone (the model's
 own MTP layers draft) runs through the loop.
 
 `SpeculativeGenerationMixin.generate` (what [`speculative`] gives a model) and the Hub entry
@@ -90,6 +90,10 @@ def speculative_generate(
         use_mtp (`bool`): the model's own multi-token-prediction layers draft (configs with `num_mtp_layers`:
             DeepSeek-V3, GLM-4.5 MoE, ERNIE 4.5 MoE, Mellum, ...): chains of one token per MTP layer, or with
             `tree=`, trees grown from a single MTP layer.
+        assistant_ensemble_weight (`float`): sampling with a draft model only, **lossy** (opt-in): drafted
+            tokens are verified against `w * p + (1 - w) * q` (the target's and the draft's distributions) instead
+            of `p`, so that more are accepted; drafted tokens then follow that mix, not the target's
+            distribution. `1.0` is exact speculative sampling.
         num_assistant_tokens (`int`): tokens drafted per step; the most per step with "adaptive" (default 8).
         num_assistant_tokens_schedule (`str`): `"adaptive"` (default: stop drafting when another draft forward
             is expected to bring less than its cost times the tokens per plain step recent steps brought),
@@ -204,7 +208,8 @@ def speculative_generate(
     prompt_lookup = None
     if lookup is not None:
         prompt_lookup = PromptLookupDrafter(lookup.num_tokens, lookup.max_ngram_size, adaptive=schedule != "constant")
-    generation_config, kwargs = withhold(model, generation_config, kwargs, LOOKUP_SETTINGS)
+    ensemble_weight = _ensemble_weight(model, generation_config, kwargs, assistant, lookup is not None)
+    generation_config, kwargs = withhold(model, generation_config, kwargs, (*LOOKUP_SETTINGS, ENSEMBLE))
     generation_config, kwargs = with_stop_strings(model, generation_config, kwargs)
     decode = functools.partial(
         speculative_decode,
@@ -217,8 +222,34 @@ def speculative_generate(
         tokenizers=tokenizers,
         streamer=kwargs.get("streamer"),
         continue_cache=cache_given(kwargs),
+        ensemble_weight=ensemble_weight,
     )
     return plain(inputs, generation_config, custom_generate=decode, **kwargs)
+
+
+ENSEMBLE = "assistant_ensemble_weight"
+
+
+def _ensemble_weight(
+    model: PreTrainedModel,
+    generation_config: GenerationConfig | None,
+    kwargs: dict[str, Any],
+    assistant: PreTrainedModel | None,
+    lookup: bool,
+) -> float | None:
+    """`assistant_ensemble_weight` (opt-in, lossy: see `AcceptanceRule`), checked: a weight in (0, 1] on the
+    target's distribution, for a draft model's drafts alone."""
+    weight = requested(model, generation_config, kwargs, ENSEMBLE)
+    if weight is None:
+        return None
+    if assistant is None or lookup:
+        raise ValueError(
+            f"`{ENSEMBLE}` mixes a draft model's distribution into the target's: it needs `assistant=` and "
+            "cannot be combined with prompt lookup, whose drafts have no distribution. Drop it."
+        )
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 < weight <= 1.0:
+        raise ValueError(f"`{ENSEMBLE}` is the target's weight in the mix, in (0, 1]; got {weight!r}.")
+    return float(weight)
 
 
 def _draft_model_argument(
@@ -262,17 +293,13 @@ def _transformers_only(
     kwargs: dict[str, Any],
 ) -> bool:
     """Whether a call with transformers' `assistant_model=` asks for something only transformers' own assisted
-    decoding does: an assistant that attends to the target's cache, DFlash, MTP drafts, or the lossy ensemble
-    verification. Such calls are handed to transformers as they are."""
+    decoding does: an assistant that attends to the target's cache, or DFlash. Such calls are handed to
+    transformers as they are."""
     if assistant_model is None:
         return False
     if type(assistant_model).__name__.startswith(_CROSS_ATTENTION_ASSISTANTS):
         return True
-    if requested(model, generation_config, kwargs, "speculation_type") not in (None, "assisted"):
-        return True
-    return bool(requested(model, generation_config, kwargs, "use_mtp")) or passed(
-        generation_config, kwargs, "assistant_ensemble_weight"
-    )
+    return requested(model, generation_config, kwargs, "speculation_type") not in (None, "assisted")
 
 
 def _check_speculative_kwargs(kwargs: dict[str, Any], path: str) -> None:

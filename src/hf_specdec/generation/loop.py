@@ -55,6 +55,7 @@ def decode(
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     continue_cache: bool = False,
+    ensemble_weight: float | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
     """The speculative decoding loop, for any drafter.
@@ -78,6 +79,8 @@ def decode(
             the loop continues from it and leaves it as plain decoding would (`Continuation`). Otherwise the cache
             `generate()` prepared is filled only at batch size 1 with `return_dict_in_generate=True` (it is then
             the output's `cache`).
+        ensemble_weight (`float`, *optional*): sampling only, **lossy**: verify drafts against this mix of the
+            target's and the draft's distributions (`AcceptanceRule`; transformers' `assistant_ensemble_weight`).
         model_kwargs: `attention_mask` `(batch, prompt)`, 0 on left padding (`None` when there is none), and
             `cache`; the positions `generate()` prepared are ignored, anything else is refused.
 
@@ -102,9 +105,15 @@ def decode(
     fill_output = input_ids.shape[0] == 1 and generation_config.return_dict_in_generate
     if cache is not None and (continue_cache or fill_output):
         continuation = Continuation(cache, input_ids, attention_mask, path)
+    if ensemble_weight is not None and not generation_config.do_sample:
+        raise ValueError(
+            "`assistant_ensemble_weight` mixes the draft's distribution into the target's when sampling: pass "
+            "do_sample=True, or drop it (greedy speculative decoding already returns plain greedy's tokens)."
+        )
     accept = AcceptanceRule(
-        bool(generation_config.do_sample), acceptance == "typical", typical_epsilon, typical_delta, generator
-    )
+        bool(generation_config.do_sample), acceptance == "typical", typical_epsilon, typical_delta, generator,
+        ensemble_weight,
+    )  # fmt: skip
     run = DecodingRun(
         model, input_ids, attention_mask, logits_processor, stopping_criteria, generation_config, make_drafter,
         costs, plain_steps, generator, continuation,

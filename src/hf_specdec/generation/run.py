@@ -30,16 +30,25 @@ from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.step_clock import StepClock
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.trees.masks import chain_structure
+from hf_specdec.trees.row_trees import RowTrees
 
 
 class AcceptanceRule(NamedTuple):
-    """How a call accepts drafts: greedy, exact sampling, or (opt-in, lossy) typical acceptance."""
+    """How a call accepts drafts: greedy, exact sampling, or (opt-in, lossy) typical acceptance or ensemble
+    verification.
+
+    `ensemble_weight` `w` (sampling, lossy): drafted tokens are verified against `w * p + (1 - w) * q`, the
+    target's and the draft's distributions mixed, instead of the target's `p` (DIVERSE's static ensemble, as
+    transformers' `assistant_ensemble_weight`): more drafts are accepted, and every token drafted at a position
+    follows that mix instead of the target's distribution. Tokens the target adds follow `p`.
+    """
 
     do_sample: bool
     typical: bool = False
     epsilon: float = 0.09
     delta: float = 0.3
     generator: torch.Generator | None = None
+    ensemble_weight: float | None = None
 
     def __call__(self, proposal: Proposal, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(last_node, num_accepted, next_token)` per row for `proposal`, given the target's processed scores
@@ -52,7 +61,19 @@ class AcceptanceRule(NamedTuple):
             return typical_accept_tree(nodes, p, trees, self.epsilon, self.delta, self.generator)
         if proposal.q is None:  # children proposed with certainty
             return sample_accept_tree(nodes, p, trees, self.generator)
+        if self.ensemble_weight is not None:
+            p = ensemble(p, proposal.q, trees, self.ensemble_weight)
         return sample_accept_tree(nodes, p, trees, self.generator, q=proposal.q)
+
+
+def ensemble(p: torch.Tensor, q: torch.Tensor, trees: RowTrees, weight: float) -> torch.Tensor:
+    """`weight * p + (1 - weight) * q` at the nodes whose children were drawn from `q` `(A, <=N, V)`; `p`
+    `(A, N, V)` elsewhere (leaves: the target's own token is drawn from `p`)."""
+    drafted = q.shape[1]
+    q = q.to(p)
+    has_children = (trees.children[:, :drafted, 0] >= 0)[..., None]  # (A, <=N, 1)
+    mixed = torch.where(has_children, weight * p[:, :drafted] + (1.0 - weight) * q, p[:, :drafted])
+    return torch.cat([mixed, p[:, drafted:]], dim=1)
 
 
 class Verified(NamedTuple):

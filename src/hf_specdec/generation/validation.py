@@ -179,8 +179,8 @@ _NOT_APPLIED = {
     "assistant_lookbehind": "tunes transformers' re-tokenising assistant (different tokenizers)",
     "target_lookbehind": "tunes transformers' re-tokenising assistant (different tokenizers)",
     "assistant_ensemble_weight": (
-        "verifies against a mix of the target's and the draft's distributions (lossy), which this library "
-        "does not implement"
+        "verifies against a mix of the target's and a draft model's distributions (lossy), which applies to a "
+        "draft model's drafts only (`assistant=`, sampling)"
     ),
     "speculation_type": _ANOTHER_STRATEGY,
     "use_mtp": _ANOTHER_STRATEGY,
