@@ -232,8 +232,8 @@ def test_a_speculative_model_pickles_saves_and_copies_as_itself() -> None:
 def test_settings_transformers_applies_and_the_loop_does_not_are_refused() -> None:
     target = hf_specdec.speculative(_llama(0))
     ids, _ = ragged_batch(1)
-    with pytest.raises(ValueError, match=r"assistant_ensemble_weight=0\.5"):
-        target.generate(input_ids=ids, assistant=_llama(1), assistant_ensemble_weight=0.5, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"target_lookbehind=5"):
+        target.generate(input_ids=ids, assistant=_llama(1), target_lookbehind=5, max_new_tokens=3)
 
 
 def test_inputs_embeds_without_ids_is_refused_for_what_it_is() -> None:
