@@ -69,6 +69,7 @@ PATHS = (
     "assistant_tree",
     "lookup",
     "hybrid",
+    "early_exit",
     "medusa",
     "medusa_dynamic",
     "medusa_lookup",
@@ -408,6 +409,12 @@ def cases(draw: st.DrawFn, path: str) -> Case:
     case.via_config = draw(st.integers(0, 11)) == 0
     case.seed = draw(st.integers(0, 2**16))
     kw = case.path_kwargs
+    if path == "early_exit":  # the target's first layer drafts
+        kw["assistant_early_exit"] = 1
+        if draw(st.booleans()):
+            kw["num_assistant_tokens"] = draw(st.integers(1, 10))
+        if draw(st.booleans()):
+            kw["num_assistant_tokens_schedule"] = draw(st.sampled_from(["constant", "adaptive", "heuristic"]))
     if path.startswith("assistant") or path == "hybrid":
         case.draft = (
             "perfect"
@@ -470,6 +477,7 @@ _PATH_KWARGS: dict[str, dict[str, Any]] = {
     "assistant_tree": {"tree": 4},
     "lookup": {"prompt_lookup_num_tokens": 3},
     "hybrid": {"prompt_lookup_num_tokens": 3},
+    "early_exit": {"assistant_early_exit": 1},
     "medusa": {"medusa": True},
     "medusa_dynamic": {"medusa": True, "tree": "dynamic"},
     "medusa_lookup": {"medusa": True, "prompt_lookup_num_tokens": 3},

@@ -66,6 +66,13 @@ def test_hybrid(case: Case) -> None:
 
 
 @PROFILE
+@known("early_exit")
+@given(case=cases("early_exit"))
+def test_early_exit(case: Case) -> None:
+    check(case, "early_exit")
+
+
+@PROFILE
 @known("medusa")
 @given(case=cases("medusa"))
 def test_medusa_static_tree(case: Case) -> None:
