@@ -15,6 +15,7 @@ import contextlib
 import copy
 import functools
 import os
+import random
 import string
 import warnings
 from collections.abc import Iterator
@@ -70,6 +71,7 @@ PATHS = (
     "lookup",
     "hybrid",
     "early_exit",
+    "other_tokenizer",
     "medusa",
     "medusa_dynamic",
     "medusa_lookup",
@@ -134,12 +136,41 @@ TOKEN_STRINGS = ["<pad>", "<s>", "<unk>", "</s>", *(_CHARS + _MULTI)[: VOCAB - 4
 assert len(TOKEN_STRINGS) == VOCAB and len(set(TOKEN_STRINGS)) == VOCAB
 
 
+# A draft vocabulary of the same strings under other ids (the special tokens keep theirs): draft id d spells
+# TOKEN_STRINGS[_OTHER_ORDER[d]].
+_OTHER_ORDER = [0, 1, 2, 3, *random.Random(5).sample(range(4, VOCAB), VOCAB - 4)]
+
+
+@functools.cache
+def other_vocabulary_draft(arch: str, perfect: bool) -> PreTrainedModel:
+    """A draft over `other_tokenizer()`'s ids: the target itself (perfect) or an unrelated random model, its
+    embedding and output rows moved to the other ids."""
+    model = copy.deepcopy(target(arch)) if perfect else tiny_model(arch, seed=321, num_layers=1, sharpen=4.0)
+    order = torch.tensor(_OTHER_ORDER)
+    with torch.no_grad():
+        embeddings, output = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        tied = embeddings.data_ptr() == output.data_ptr()
+        embeddings.copy_(embeddings[order].clone())
+        if not tied:
+            output.copy_(output[order].clone())
+    return model.eval()
+
+
+@functools.cache
+def other_tokenizer() -> PreTrainedTokenizerFast:
+    """`tokenizer()`'s strings under the draft's ids (`_OTHER_ORDER`)."""
+    return _char_tokenizer({TOKEN_STRINGS[t]: d for d, t in enumerate(_OTHER_ORDER)})
+
+
 @functools.cache
 def tokenizer() -> PreTrainedTokenizerFast:
     """A character-level fast tokenizer over the 96 ids of the tiny models (no download)."""
+    return _char_tokenizer({token: i for i, token in enumerate(TOKEN_STRINGS)})
+
+
+def _char_tokenizer(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {token: i for i, token in enumerate(TOKEN_STRINGS)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
@@ -415,6 +446,12 @@ def cases(draw: st.DrawFn, path: str) -> Case:
             kw["num_assistant_tokens"] = draw(st.integers(1, 10))
         if draw(st.booleans()):
             kw["num_assistant_tokens_schedule"] = draw(st.sampled_from(["constant", "adaptive", "heuristic"]))
+    if path == "other_tokenizer":  # a draft of another vocabulary, drafting through text
+        case.draft = draw(st.sampled_from(["other_perfect", "other_poor"]))
+        if draw(st.booleans()):
+            kw["num_assistant_tokens"] = draw(st.integers(1, 10))
+        if draw(st.booleans()):
+            kw["num_assistant_tokens_schedule"] = draw(st.sampled_from(["constant", "adaptive", "heuristic"]))
     if path.startswith("assistant") or path == "hybrid":
         case.draft = (
             "perfect"
@@ -478,6 +515,7 @@ _PATH_KWARGS: dict[str, dict[str, Any]] = {
     "lookup": {"prompt_lookup_num_tokens": 3},
     "hybrid": {"prompt_lookup_num_tokens": 3},
     "early_exit": {"assistant_early_exit": 1},
+    "other_tokenizer": {},
     "medusa": {"medusa": True},
     "medusa_dynamic": {"medusa": True, "tree": "dynamic"},
     "medusa_lookup": {"medusa": True, "prompt_lookup_num_tokens": 3},
@@ -572,6 +610,9 @@ def path_call(case: Case, path: str) -> tuple[Any, dict[str, Any]]:
     kw = dict(case.path_kwargs)
     if path.startswith("medusa"):
         return medusa(case.arch, case.head_type), kw
+    if path == "other_tokenizer":
+        kw["assistant"] = other_vocabulary_draft(case.arch, case.draft == "other_perfect")
+        kw["tokenizer"], kw["assistant_tokenizer"] = tokenizer(), other_tokenizer()
     if path.startswith("assistant") or path == "hybrid":
         if case.draft == "perfect":
             kw["assistant"] = perfect_draft(case.arch)

@@ -73,6 +73,13 @@ def test_early_exit(case: Case) -> None:
 
 
 @PROFILE
+@known("other_tokenizer")
+@given(case=cases("other_tokenizer"))
+def test_draft_of_another_tokenizer(case: Case) -> None:
+    check(case, "other_tokenizer")
+
+
+@PROFILE
 @known("medusa")
 @given(case=cases("medusa"))
 def test_medusa_static_tree(case: Case) -> None:
