@@ -113,6 +113,24 @@ def test_a_static_cache_is_continued() -> None:
     assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
 
 
+def test_a_static_sliding_window_cache_is_continued_within_its_window_and_refused_past_it() -> None:
+    target, draft = tiny_model("mistral", seed=0, sharpen=4.0), tiny_model("mistral", seed=1, num_layers=1)
+    ids = torch.tensor([[5, 17, 33, 8]])
+    call = {"max_new_tokens": 4, "do_sample": False}
+    caches = [StaticCache(config=target.config, max_cache_len=128) for _ in range(2)]
+    first = [target.generate(input_ids=ids, cache=caches[0], **call)]
+    first.append(hf_specdec.speculative_generate(target, input_ids=ids, cache=caches[1], assistant=draft, **call))
+    assert torch.equal(*first)
+    follow = torch.cat([first[0], torch.tensor([[7, 8]])], dim=1)  # 10 tokens: within the window of 12
+    expected = target.generate(input_ids=follow, cache=caches[0], **call)
+    assert torch.equal(
+        hf_specdec.speculative_generate(target, input_ids=follow, cache=caches[1], assistant=draft, **call), expected
+    )
+    longer = torch.cat([expected, torch.tensor([[7, 8, 9]])], dim=1)  # the cache now holds 13 tokens
+    with pytest.raises(ValueError, match="wrapped around"):
+        hf_specdec.speculative_generate(target, input_ids=longer, cache=caches[1], assistant=draft, **call)
+
+
 def test_rows_that_stop_early_leave_the_cache_plain_leaves() -> None:
     target, draft = tiny_model("llama", seed=0, sharpen=4.0), tiny_model("llama", seed=1, num_layers=1)
     ids, mask = _first_turn(3)

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 from hf_specdec.generation.kv_cache import CachedSequence
 
@@ -63,6 +69,12 @@ class Continuation:
             raise ValueError(
                 f"A cache of {sorted(kinds)} layers cannot be continued with {path}: pass a `DynamicCache` (the "
                 "default) or a `StaticCache`, or continue this cache with plain `generate()`."
+            )
+        if any(isinstance(layer, StaticSlidingWindowLayer) and self.cached > layer.max_cache_len for layer in layers):
+            raise ValueError(
+                f"The static cache's sliding-window layers have wrapped around (the text is longer than their "
+                f"window), and {path} cannot continue from them: pass a `DynamicCache` (the default), or continue "
+                "this cache with plain `generate()`."
             )
         retained = {self._retained(layer) for layer in layers}
         if len(retained) > 1:
