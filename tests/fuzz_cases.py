@@ -560,6 +560,28 @@ def known_divergences(path: str) -> list[Case]:
             stop_on=(94,),
         ),
     ]
+    # Scores of a row that is not scored at a step's prefix length, whose committed tokens then padding (a
+    # banned pad id) made a prefix-reading processor ban every token and the eta warper fail on it.
+    banned_pad = {
+        "max_new_tokens": 3, "min_length": 31, "eos_token_id": None, "pad_token_id": 26, "repetition_penalty": 0.7,
+        "bad_words_ids": [[26]], "sequence_bias": {(26,): -10.0}, "forced_eos_token_id": 26,
+        "forced_bos_token_id": 26, "exponential_decay_length_penalty": (0, 1.05), "renormalize_logits": True,
+        "do_sample": True, "top_k": 1, "top_p": 0.1, "typical_p": 0.2, "eta_cutoff": 0.0001,
+    }  # fmt: skip
+    cases.append(
+        Case(
+            "llama",
+            [[2] * 31, [8]],
+            banned_pad,
+            {},
+            dict(kw),
+            draft="other_perfect" if path == "other_tokenizer" else draft,
+            processor=True,
+            prefix_fn=True,
+            tokenizer=True,
+            via_config=True,
+        )
+    )
     if path in ("assistant_poor", "hybrid"):
         # A draft whose embedding matrix is smaller than the target's logits.
         cases.append(Case("llama", _PROMPTS, dict(greedy), {}, dict(kw), draft="padded_target", draft_arch="llama"))

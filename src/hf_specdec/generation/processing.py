@@ -117,9 +117,16 @@ class RaggedLogitsProcessor:
         full = logits.new_zeros(buffer.tokens.shape[0], vocab)  # (total_batch, V): every row at its own index
         for length in torch.unique(prefix_lengths).tolist():
             b, j = (prefix_lengths == length).nonzero(as_tuple=True)  # pairs whose prefix has this length
-            full[rows[b]] = logits[b, j]
-            # The other rows' scores are not read.
-            out[b, j] = self.processors(buffer.prefixes(length, rows[b]), full.clone())[rows[b]]
+            shown = rows[b]
+            full[shown] = logits[b, j]
+            # The other rows' scores are not read: they get a scored row's prefix and scores, so that a processor
+            # only ever sees what some row really holds (a row's committed tokens followed by padding can be a
+            # prefix plain decoding never shows, on which a processor may ban every token and a warper fail).
+            others = torch.ones(full.shape[0], dtype=torch.bool, device=full.device).index_fill_(0, shown, False)
+            prefixes = buffer.prefixes(length, shown)
+            prefixes = torch.where(others[:, None], prefixes[shown[0]][None, :], prefixes)
+            scores = torch.where(others[:, None], full[shown[0]][None, :], full)
+            out[b, j] = self.processors(prefixes, scores)[shown]
         return out
 
 
