@@ -232,8 +232,7 @@ class DraftModelDrafter(ChainDrafter):
             else:  # nothing to process
                 scores = logits.view(logits.shape[0], logits.shape[2])
             if self.do_sample:
-                q = draft_distribution(scores)  # (A, V)
-                token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
+                token, q = sample_draft(scores, self.generator)  # (A,), (A, V)
                 probs.append(q)
             else:
                 token = scores.argmax(dim=-1)
@@ -375,6 +374,13 @@ class DraftModelDrafter(ChainDrafter):
         if self._last_drafts is not None:
             self._last_drafts = self._last_drafts[keep]
         self.pending_count = self.pending_count[keep]
+
+
+def sample_draft(scores: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A drafted token per row `(A,)` sampled from processed scores `(A, V)`, and the distribution q `(A, V)` it
+    was drawn from (`draft_distribution`), which acceptance divides by."""
+    q = draft_distribution(scores)
+    return torch.multinomial(q, 1, generator=generator).squeeze(1), q
 
 
 def draft_distribution(scores: torch.Tensor) -> torch.Tensor:

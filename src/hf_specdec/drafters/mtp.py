@@ -25,7 +25,7 @@ import torch
 from transformers.modeling_layers import MtpModel
 
 from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, append_pending, chain_proposal
-from hf_specdec.drafters.draft_model import draft_distribution
+from hf_specdec.drafters.draft_model import sample_draft
 from hf_specdec.drafters.mtp_layers import MtpLayerStep, layer_sequence, mtp_logits
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence
@@ -163,8 +163,7 @@ class MtpDrafter:
             else:
                 scores = logits[:, 0]
             if self.do_sample:
-                q = draft_distribution(scores)
-                token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)
+                token, q = sample_draft(scores, self.generator)
                 probs.append(q)
             else:
                 token = scores.argmax(dim=-1)

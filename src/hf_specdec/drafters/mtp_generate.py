@@ -16,6 +16,7 @@ from hf_specdec.drafters.mtp_decoding import mtp_decode
 from hf_specdec.drafters.mtp_layers import mtp_layers
 from hf_specdec.generation.arguments import (
     cache_given,
+    check_loop_kwargs,
     passed,
     requested,
     speculative_costs_argument,
@@ -66,12 +67,10 @@ def generate_with_mtp(
         "prompt_lookup_num_tokens": "prompt lookup is its own drafter",
         "num_assistant_tokens": "an MTP chain holds one token per MTP layer",
         "assistant_confidence_threshold": "an MTP chain holds one token per MTP layer",
-        "assistant_model": "the model drafts for itself",
-        "custom_generate": f"`custom_generate` replaces the decoding loop that {PATH} provides",
-        "negative_prompt_ids": "classifier-free guidance is not supported with speculative decoding",
     }.items():
         if passed(generation_config, kwargs, name):
             raise ValueError(f"`{name}` cannot be combined with {PATH}: {why}.")
+    check_loop_kwargs(kwargs, PATH)
     schedule = requested(model, generation_config, kwargs, "num_assistant_tokens_schedule") or "adaptive"
     if schedule not in ("adaptive", "constant"):
         raise ValueError(f"num_assistant_tokens_schedule takes 'adaptive' or 'constant' with {PATH}, got {schedule!r}.")

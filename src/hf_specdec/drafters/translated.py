@@ -37,7 +37,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.drafters.base import Chain, ChainDrafter, DraftingContext
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
-from hf_specdec.drafters.draft_model import draft_distribution
+from hf_specdec.drafters.draft_model import sample_draft
 from hf_specdec.drafters.shared_vocab import SharedVocabulary, shared_vocabulary
 from hf_specdec.drafters.text_alignment import CONTEXT, RowAlignment, Tokenizers, target_proposal
 from hf_specdec.generation.decisions import CostModel
@@ -244,8 +244,7 @@ class TranslatedDrafter(ChainDrafter):
         scores = self.shared.target_logits(logits).to(target_device)[:, None]  # (A, 1, V)
         if self.processors.processors:
             scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, scores)
-        q = draft_distribution(scores[:, 0])  # (A, V)
-        token = torch.multinomial(q, 1, generator=self.generator).squeeze(1)  # (A,)
+        token, q = sample_draft(scores[:, 0], self.generator)  # (A,), (A, V)
         if not self.processors.prefix_free:  # the next position's processors read it as prefix
             buffer.write(j, token[:, None])
         unread = self.shared.target_to_draft[token.to(self.device)] < 0  # q certain on an unshared token

@@ -134,3 +134,14 @@ def speculative_costs_argument(kwargs: dict[str, Any]) -> SpeculativeCosts | Non
     if costs is not None and not isinstance(costs, SpeculativeCosts):
         raise TypeError(f"speculative_costs takes a hf_specdec.SpeculativeCosts, got {type(costs).__name__}.")
     return costs
+
+
+def check_loop_kwargs(kwargs: dict[str, Any], path: str) -> None:
+    """Refuse the `generate()` arguments that take over what the speculative loop of `path` does."""
+    clashes = {
+        "custom_generate": f"`custom_generate` replaces the decoding loop that {path} provides",
+        "negative_prompt_ids": "classifier-free guidance is not supported with speculative decoding",
+    }
+    for name, why in clashes.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(f"`{name}` cannot be combined with {path}: {why}.")

@@ -105,16 +105,16 @@ class Continuation:
     def seed(self, target: CachedSequence, positions: torch.Tensor) -> None:
         """Give the loop's cache (empty) a copy of the cached slots, with their validity and `positions` (the
         logical positions of every column of `input_ids`)."""
-        first = self.cached - self.retained
         if not self.retained:
             return
         for index, layer in enumerate(self.cache.layers):
-            keys, values = layer.keys[:, :, -self.retained :], layer.values[:, :, -self.retained :]  # type: ignore[attr-defined]
-            if isinstance(layer, StaticLayer):
-                keys, values = layer.keys[:, :, first : self.cached], layer.values[:, :, first : self.cached]
+            # A dynamic layer holds exactly its retained slots (checked); a static one, the first `cached` of its own.
+            held = self.cached if isinstance(layer, StaticLayer) else None
+            keys, values = layer.keys[:, :, :held], layer.values[:, :, :held]  # type: ignore[attr-defined]
             target.cache.update(keys.clone(), values.clone(), index)
+        first = self.cached - self.retained
         target.valid = self.attention_mask[:, first : self.cached].bool()
-        if target.positions.shape[1] == 0 and target.layout.sliding_window is not None:
+        if target.layout.sliding_window is not None:  # the loop's cache keeps positions for the window's mask
             target.positions = positions[:, first : self.cached]
 
     def prefilled(self, target: CachedSequence) -> None:

@@ -37,6 +37,7 @@ from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
     cache_given,
+    check_loop_kwargs,
     lookup_settings,
     passed,
     requested,
@@ -151,7 +152,7 @@ def speculative_generate(
         named = {"assistant": assistant, "assistant_vocab": assistant_vocab, "tree": tree}
         extra = {name: value for name, value in named.items() if value is not None}
         return plain(inputs, generation_config, *args, **extra, **kwargs)
-    assistant, generation_config = _draft_model_argument(model, assistant, generation_config, kwargs)
+    assistant, generation_config, kwargs = _draft_model_argument(model, assistant, generation_config, kwargs)
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         speculative_call = any(x is not None for x in (assistant, tree, assistant_vocab))
         if not speculative_call and not kwargs.get("prompt_lookup_num_tokens"):  # plain generate()'s own error
@@ -174,7 +175,7 @@ def speculative_generate(
     if args:
         raise TypeError(f"Pass generate()'s arguments after `generation_config` by keyword with {path}.")
     check_generate_arguments(model, inputs, kwargs, path)
-    _check_speculative_kwargs(kwargs, path)
+    check_loop_kwargs(kwargs, path)
     tokenizers = None
     if assistant is not None:
         assistant = as_draft_model(assistant)
@@ -257,10 +258,11 @@ def _draft_model_argument(
     assistant: PreTrainedModel | None,
     generation_config: GenerationConfig | None,
     kwargs: dict[str, Any],
-) -> tuple[PreTrainedModel | None, GenerationConfig | None]:
+) -> tuple[PreTrainedModel | None, GenerationConfig | None, dict[str, Any]]:
     """The draft model the call asks for: `assistant=`, transformers' `assistant_model=` (the same thing), or the
-    target's own first layers (`assistant_early_exit=`), taken out of `kwargs`; and the generation config to
-    hand on (without `assistant_early_exit`, which transformers would act on itself)."""
+    target's own first layers (`assistant_early_exit=`); and the generation config and keyword arguments to hand
+    on, without them (transformers would act on `assistant_early_exit` itself)."""
+    kwargs = dict(kwargs)
     assistant_model = kwargs.pop("assistant_model", None)
     if assistant_model is not None:
         if assistant is not None:
@@ -273,17 +275,15 @@ def _draft_model_argument(
         )
     early_exit = requested(model, generation_config, kwargs, "assistant_early_exit")
     if early_exit is None:
-        return assistant, generation_config
+        return assistant, generation_config, kwargs
     if assistant is not None:
         raise ValueError(
             "`assistant_early_exit` drafts with the target's own first layers; it cannot be combined with a draft "
             "model. Pass one of the two."
         )
     check_architecture(model, "target")  # before cutting it: a model speculative decoding cannot run is refused
-    generation_config, kwargs_without = withhold(model, generation_config, kwargs, ("assistant_early_exit",))
-    kwargs.clear()
-    kwargs.update(kwargs_without)
-    return early_exit_draft(model, early_exit), generation_config
+    generation_config, kwargs = withhold(model, generation_config, kwargs, ("assistant_early_exit",))
+    return early_exit_draft(model, early_exit), generation_config, kwargs
 
 
 def _transformers_only(
@@ -300,16 +300,6 @@ def _transformers_only(
     if type(assistant_model).__name__.startswith(_CROSS_ATTENTION_ASSISTANTS):
         return True
     return requested(model, generation_config, kwargs, "speculation_type") not in (None, "assisted")
-
-
-def _check_speculative_kwargs(kwargs: dict[str, Any], path: str) -> None:
-    clashes = {
-        "custom_generate": f"`custom_generate` replaces the decoding loop that {path} provides",
-        "negative_prompt_ids": "classifier-free guidance is not supported with speculative decoding",
-    }
-    for name, why in clashes.items():
-        if kwargs.get(name) is not None:
-            raise ValueError(f"`{name}` cannot be combined with {path}: {why}.")
 
 
 def _draft_length_policy(
