@@ -120,9 +120,13 @@ def ragged_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
     return input_ids.masked_fill(attention_mask == 0, PAD), attention_mask
 
 
+FIXED_COSTS = SpeculativeCosts(draft_forward=0.1, verify_per_token=0.01)
+
+
 def mtp_generate(model: PreTrainedModel, input_ids: torch.Tensor, **kwargs: Any) -> Any:
     """`generate()` with the MTP loop, as `generate(use_mtp=True)` hands it over."""
     options = {k: kwargs.pop(k) for k in ("adaptive", "costs", "tree") if k in kwargs}
+    options.setdefault("costs", FIXED_COSTS)  # drafting decisions independent of the machine's load
     decode = functools.partial(mtp_decode, **options)
     kwargs.setdefault("pad_token_id", PAD)
     return model.generate(input_ids, custom_generate=decode, **kwargs)
@@ -366,6 +370,7 @@ def test_use_mtp_runs_the_library_loop() -> None:
     input_ids, attention_mask = ragged_batch(32, seed=4)
     kwargs = {"attention_mask": attention_mask, "max_new_tokens": 20, "do_sample": False, "pad_token_id": PAD}
     expected = model.generate(input_ids, **kwargs)
+    kwargs["speculative_costs"] = FIXED_COSTS  # drafting decisions independent of the machine's load
     calls = (
         {"use_mtp": True},
         {"generation_config": GenerationConfig(use_mtp=True, max_new_tokens=20, pad_token_id=PAD)},
@@ -380,7 +385,8 @@ def test_use_mtp_runs_the_library_loop() -> None:
         out = routed_generate(model, input_ids, return_dict_in_generate=True, **kwargs)
         assert torch.equal(out.sequences, expected)
         assert int(out.speculative.draft_forwards) > 0
-        plain = routed_generate(model, input_ids, use_mtp=False, return_dict_in_generate=True, **kwargs)
+        unfixed = {k: v for k, v in kwargs.items() if k != "speculative_costs"}  # a plain call takes no costs
+        plain = routed_generate(model, input_ids, use_mtp=False, return_dict_in_generate=True, **unfixed)
         assert torch.equal(plain.sequences, expected)
         assert not hasattr(plain, "speculative")
     finally:

@@ -29,7 +29,9 @@ def test_assistant_model_is_assistant_at_any_batch_size(batch: int) -> None:
     target, draft = tiny_model("llama", seed=0, sharpen=4.0), tiny_model("llama", seed=1, num_layers=1)
     plain = target.generate(**_call(batch))
     wrapped = hf_specdec.speculative(target)
-    out = wrapped.generate(**_call(batch, assistant_model=draft, return_dict_in_generate=True))
+    out = wrapped.generate(
+        **_call(batch, assistant_model=draft, return_dict_in_generate=True, speculative_costs=_FREE_DRAFT)
+    )
     assert torch.equal(out.sequences, plain)
     assert int(out.speculative.drafted_tokens.sum()) > 0  # drafted by this library's loop
     assert torch.equal(wrapped.generate(**_call(batch, assistant=draft)), plain)
