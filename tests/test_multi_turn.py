@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer
 
 import hf_specdec
 from hf_specdec import MedusaConfig, MedusaForCausalLM
@@ -167,6 +168,14 @@ def test_refusals() -> None:
         hf_specdec.speculative_generate(
             target, input_ids=torch.cat([ids, ids]).repeat(1, 2), cache=cache, assistant=draft, max_new_tokens=2
         )
+
+    class Quantised(DynamicLayer):  # a layer keeping its slots elsewhere, as transformers' quantised layers do
+        pass
+
+    other = DynamicCache(config=target.config)
+    other.layers = [Quantised() for _ in other.layers]
+    with pytest.raises(ValueError, match=r"cache of \['Quantised'\] layers cannot be continued"):
+        hf_specdec.speculative_generate(target, input_ids=ids, cache=other, assistant=draft, max_new_tokens=2)
     eagle = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2, head_type="eagle"))
     with pytest.raises(ValueError, match="hidden state at every prompt position"):
         eagle.generate(input_ids=torch.cat([ids, ids], 1)[:, :14], cache=cache, medusa=True, max_new_tokens=2)

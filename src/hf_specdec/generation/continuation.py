@@ -30,8 +30,9 @@ from transformers.cache_utils import (
 
 from hf_specdec.generation.kv_cache import CachedSequence
 
-# Layers whose slots this module can read and append to (transformers' others quantise, offload or wrap around).
-_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, StaticLayer)
+# Layers whose slots this module can read and append to, by exact type: transformers' others (quantised layers,
+# which subclass `DynamicLayer` and keep most of their slots elsewhere; indexed, offloaded ones) hold them otherwise.
+_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer)
 
 
 class Continuation:
@@ -64,7 +65,7 @@ class Continuation:
                 "so far, with at least one token the cache does not hold (the new turn)."
             )
         layers = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
-        kinds = {type(layer).__name__ for layer in cache.layers if not isinstance(layer, _LAYERS)}
+        kinds = {type(layer).__name__ for layer in cache.layers if type(layer) not in _LAYERS}
         if kinds:
             raise ValueError(
                 f"A cache of {sorted(kinds)} layers cannot be continued with {path}: pass a `DynamicCache` (the "
@@ -96,11 +97,6 @@ class Continuation:
         if isinstance(layer, StaticLayer):
             return self.cached
         return int(layer.keys.shape[-2])  # type: ignore[attr-defined]
-
-    @property
-    def new_ids(self) -> torch.Tensor:
-        """The columns of `input_ids` the cache does not hold: what the target prefills."""
-        return self.input_ids[:, self.cached :]
 
     def seed(self, target: CachedSequence, positions: torch.Tensor) -> None:
         """Give the loop's cache (empty) a copy of the cached slots, with their validity and `positions` (the
