@@ -119,8 +119,9 @@ class DraftingContext:
 class Drafter(Protocol):
     """Proposes trees of tokens for the target to verify, and follows what the target committed."""
 
-    #: Whether `start` and `commit` need the target's last hidden state (Medusa heads read it).
-    needs_hidden_states: bool
+    #: The target's hidden states `start` and `commit` need, as indices of `output_hidden_states` (-1: the last,
+    #: which Medusa heads read; EAGLE-3 heads fuse three), handed over concatenated in this order; `()`: none.
+    hidden_state_layers: tuple[int, ...]
     #: The most drafted tokens one step's path can hold (room the token buffer keeps after `max_length`).
     max_depth: int
 
@@ -128,8 +129,8 @@ class Drafter(Protocol):
         """See the prompts `(batch, prompt)`: which tokens are real (`valid`) and their logical positions."""
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Record the target's first generated token `(batch,)` (and, when `needs_hidden_states`, the target's
-        last hidden states on the prompts `(batch, prompt, H)`: the last one chose `first_token`)."""
+        """Record the target's first generated token `(batch,)` (and, with `hidden_state_layers`, the target's
+        hidden states on the prompts `(batch, prompt, width)`: the last position's chose `first_token`)."""
 
     def propose(
         self,
@@ -151,7 +152,7 @@ class Drafter(Protocol):
     def follow(self, accepted: Accepted) -> None:
         """Follow a plain step, which the loop took without asking for drafts (drafting was not expected to
         pay): each row's last token was verified alone, and `accepted.tokens[:, 0]` is the target's next token
-        (with the hidden state that chose it in `accepted.hidden` `(active, 1, H)` when `needs_hidden_states`)."""
+        (with the hidden state that chose it in `accepted.hidden` `(active, 1, H)` with `hidden_state_layers`)."""
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
@@ -205,7 +206,7 @@ class ChainDrafter:
     """The `Drafter` protocol for drafters that propose one chain per row: they implement `draft_chain` and
     `commit_chain` (with the number of tokens drafted), and this base turns them into trees and back."""
 
-    needs_hidden_states = False
+    hidden_state_layers: tuple[int, ...] = ()
     max_depth: int
     _num_drafted = 0
 

@@ -42,7 +42,7 @@ class MtpDrafter:
         mtp (`MtpModel`): the target's MTP layers (sharing its embeddings and lm_head).
     """
 
-    needs_hidden_states = True
+    hidden_state_layers = (-1,)
     #: The MTP layers are fed the target's hidden state at every prompt position (a cache to continue from has none).
     reads_prompt_states = True
 

@@ -53,6 +53,12 @@ class MtpFeatureHead:
         """The layer's weights (where it runs)."""
         return self.decoder.parameters()
 
+    #: What the layer reads: the target's last hidden state, as it is (`from_target`).
+    feature_layers = (-1,)
+
+    def from_target(self, states: torch.Tensor) -> torch.Tensor:
+        return states
+
     def inputs(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
         """The layer's input vectors `(..., 2H)` for features `(..., H)` and the tokens after them: the MTP
         layers' own token embeddings (`embeddings`, the target's, may add a norm they skip), then the feature."""

@@ -232,7 +232,7 @@ class CachedSequence:
         new_positions: torch.Tensor,
         structure: torch.Tensor,
         logits_to_keep: int = 0,
-        output_hidden_states: bool | int = False,
+        output_hidden_states: bool | int | list[int] = False,
         recent: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast:
@@ -247,8 +247,8 @@ class CachedSequence:
             structure (`torch.BoolTensor` of shape `(q, q)` or `(batch, q, q)`): ancestor matrix among the new
                 tokens (one per row when rows verify different trees).
             logits_to_keep (`int`): compute logits for the last this many tokens only; 0 keeps all.
-            output_hidden_states (`bool` or `int`): also return the hidden states (for heads on the last layer);
-                an index (-1: the last) returns that one alone where the model selects by index.
+            output_hidden_states (`bool`, `int` or `list[int]`): also return the hidden states (for heads on the
+                last layer); indices (-1: the last) return those alone where the model selects by index.
             recent (`torch.BoolTensor` of shape `(batch, q, S)`, *optional*): which of the last `S` slots each new
                 token sees (a tree fed over several forwards, see `masks.visibility`).
             inputs_embeds (`torch.Tensor` of shape `(batch, q, hidden)`, *optional*): the new inputs as vectors
@@ -305,7 +305,7 @@ class CachedSequence:
                 _grow_static_layer(layer, self.capacity)
 
     def _first_forward(
-        self, inputs: dict, call: dict, output_hidden_states: bool | int, extra: dict, width: int
+        self, inputs: dict, call: dict, output_hidden_states: bool | int | list[int], extra: dict, width: int
     ) -> CausalLMOutputWithPast:
         """The first forward (the prompts): a model that cannot take a custom 4D mask, or that keeps no KV cache,
         fails here, before any token is decoded, and is refused as such."""

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_specdec.drafters.base import Accepted, DrafterFactory, DraftingContext, Proposal, chain_proposal
 from hf_specdec.generation.acceptance import (
@@ -136,8 +137,8 @@ class DecodingRun:
         self.costs = costs
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)
-        # The target's last hidden state alone, when the drafter reads it (not every layer's).
-        self.hidden_states: int | bool = -1 if self.drafter.needs_hidden_states else False
+        # The target's hidden states the drafter reads (its last one, or a few layers'), never every layer's.
+        self.hidden_states: list[int] | bool = list(self.drafter.hidden_state_layers) or False
         self.continuation = continuation
         if continuation is not None and continuation.cached and getattr(self.drafter, "reads_prompt_states", False):
             raise ValueError(
@@ -185,7 +186,7 @@ class DecodingRun:
         buffer.settle(self.outcome.tokens)
         self.recorder.record(buffer.active_rows, self.outcome.emitted, scores, logits)
         stream(streamer, self.outcome)
-        self.drafter.start(first, out.hidden_states[-1] if self.hidden_states else None)
+        self.drafter.start(first, self._drafter_states(out))
         self.last_token = first
         self.next_position = positions[:, -1] + 2
 
@@ -224,7 +225,14 @@ class DecodingRun:
         )
         logits = out.logits.float()
         scores = verification_scores(self.processors, self.buffer, nodes, logits, trees, self.do_sample)
-        return Verified(logits, scores, out.hidden_states[-1] if self.hidden_states else None)
+        return Verified(logits, scores, self._drafter_states(out))
+
+    def _drafter_states(self, out: CausalLMOutputWithPast) -> torch.Tensor | None:
+        """The target's hidden states the drafter reads, concatenated (`None` when it reads none)."""
+        if not self.hidden_states:
+            return None
+        states = [out.hidden_states[i] for i in self.drafter.hidden_state_layers]
+        return states[0] if len(states) == 1 else torch.cat(states, dim=-1)
 
     def commit(
         self,

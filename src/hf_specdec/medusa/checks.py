@@ -97,18 +97,19 @@ def check_forward_inputs(
     hidden_states: Any,
 ) -> None:
     """What `MedusaForCausalLM.forward` reads: token ids and labels as 2D integer tensors within the vocabulary,
-    a mask of their shape, cached states of the base's hidden size.
+    a mask of their shape, cached states as wide as the heads read.
 
     Args:
-        sizes (`tuple[int, int, int]`): the base's hidden size, number of logits and number of embedded ids.
+        sizes (`tuple[int, int, int]`): the cached states' width (the base's hidden size, times the states EAGLE-3
+            heads read), the base's number of logits and its number of embedded ids.
     """
     hidden_size, vocab_size, embedded = sizes
     fits = isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3
     if hidden_states is not None and not (fits and hidden_states.shape[-1] == hidden_size):
         got = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
         raise ValueError(
-            f"`hidden_states` must be the base's last hidden states, of shape (batch, sequence, {hidden_size}); got "
-            f"{got}."
+            f"`hidden_states` must be the base's hidden states the heads read (its last one; for EAGLE-3 heads, the "
+            f"layers they fuse and then the last, concatenated), of shape (batch, sequence, {hidden_size}); got {got}."
         )
     _check_ids("input_ids", input_ids, embedded, "ids the base embeds")
     _check_ids("labels", labels, vocab_size, "the base's logits", ignored=IGNORE_INDEX)

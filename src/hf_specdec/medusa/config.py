@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_NAME = "medusa_config.json"
-HEAD_TYPES = ("medusa", "recurrent", "eagle")
+HEAD_TYPES = ("medusa", "recurrent", "eagle", "eagle3")
 
 
 @dataclass
@@ -30,16 +30,24 @@ class MedusaConfig:
             by every depth (`hf_specdec.medusa.recurrent.RecurrentHeads`), far more accurate past the first
             depth for the same data; `"eagle"`: a small decoder (`num_layers` layers of the base's own
             architecture) that drafts the base's next features autoregressively with its own KV cache, and grows
-            a tree per row and step (`hf_specdec.medusa.eagle.EagleHeads`). For recurrent and EAGLE heads,
-            `num_heads` is the depth they draft to by default and train to.
-        share_lm_head (`bool`): project with the base's own `lm_head` (no extra weights: a big saving for large
-            vocabularies) instead of a projection per head, initialised from the base's.
+            a tree per row and step (`hf_specdec.medusa.eagle.EagleHeads`); `"eagle3"`: EAGLE-3's published
+            architecture (`hf_specdec.medusa.eagle3.Eagle3Heads`): one Llama-style layer over the fusion of three
+            of the base's layers, with its own final norm and lm_head over a draft vocabulary, drafting as EAGLE
+            heads do. For recurrent and EAGLE heads, `num_heads` is the depth they draft to by default and
+            train to.
+        share_lm_head (`bool`, *optional*): project with the base's own `lm_head` (no extra weights: a big saving
+            for large vocabularies) instead of a projection per head, initialised from the base's. Default: `True`,
+            except for EAGLE-3 heads, which always have their own lm_head (as published).
         hidden_size (`int`, *optional*): the base's hidden size; filled in from the base when `None`.
         vocab_size (`int`, *optional*): the base's number of logits; filled in from the base when `None`.
         head_vocab_size (`int`, *optional*): when set, the heads propose only this many tokens, the most
             frequent in their training data (their ids are stored with the weights); `None`: every token.
         intermediate_size (`int`, *optional*): EAGLE heads: the width of their decoder's MLP; `None`: the base's
             (a narrower one makes the head cheaper to train and to run, at some accuracy).
+        feature_layers (`list[int]`, *optional*): EAGLE-3 heads: which of the base's hidden states they fuse, as
+            indices of `output_hidden_states` (0: the embeddings' output, i: the input of layer i); `None`: the
+            inputs of layers 2, L // 2 and L - 3 of an L-layer base (EAGLE-3's and vLLM's default), filled in
+            from the base.
         base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from: a local
             folder, a name of `hf_specdec.zoo.ZOO` (fetched into the zoo's cache) or a Hub repository id.
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
@@ -53,11 +61,12 @@ class MedusaConfig:
     num_heads: int = 4
     num_layers: int = 1
     head_type: str = "medusa"
-    share_lm_head: bool = True
+    share_lm_head: bool | None = None
     hidden_size: int | None = None
     vocab_size: int | None = None
     head_vocab_size: int | None = None
     intermediate_size: int | None = None
+    feature_layers: list[int] | None = None
     base_model_name_or_path: str | None = None
     tree: list[list[int]] | None = None
     measured_top1: list[float] | None = None
@@ -77,14 +86,24 @@ class MedusaConfig:
         _check_int("num_heads", self.num_heads, minimum=1)
         _check_int("num_layers", self.num_layers, minimum=0)
         _check_choice("head_type", self.head_type, HEAD_TYPES)
+        if self.share_lm_head is None:
+            self.share_lm_head = self.head_type != "eagle3"
         _check_bool("share_lm_head", self.share_lm_head)
         for name in ("hidden_size", "vocab_size", "head_vocab_size", "intermediate_size"):
             _check_int(name, getattr(self, name), minimum=1, optional=True)
-        if self.intermediate_size is not None and self.head_type != "eagle":
+        if self.intermediate_size is not None and self.head_type not in ("eagle", "eagle3"):
             raise ValueError(
                 "MedusaConfig.intermediate_size sizes an EAGLE head's decoder, but got "
-                f"{self.intermediate_size!r} with head_type={self.head_type!r}: pass head_type='eagle' or drop "
-                "intermediate_size."
+                f"{self.intermediate_size!r} with head_type={self.head_type!r}: pass head_type='eagle' or 'eagle3', "
+                "or drop intermediate_size."
+            )
+        if self.head_type == "eagle3":
+            _check_eagle3(self)
+        elif self.feature_layers is not None:
+            raise ValueError(
+                "MedusaConfig.feature_layers chooses the base layers EAGLE-3 heads fuse, but got "
+                f"{self.feature_layers!r} with head_type={self.head_type!r}: pass head_type='eagle3' or drop "
+                "feature_layers."
             )
         if isinstance(self.base_model_name_or_path, os.PathLike):
             self.base_model_name_or_path = os.fspath(self.base_model_name_or_path)
@@ -189,6 +208,31 @@ def check_tree_paths(name: str, tree: Any, max_depth: int | None = None) -> list
             f"heads. Got {tree!r}."
         )
     return [list(path) for path in paths]
+
+
+def _check_eagle3(config: MedusaConfig) -> None:
+    """EAGLE-3's fixed shape: one layer, its own lm_head, and base layers to fuse given as hidden-state indices."""
+    if config.num_layers != 1:
+        raise ValueError(
+            f"EAGLE-3 heads have exactly one layer (the published `midlayer`), got num_layers={config.num_layers}: "
+            "drop num_layers, or use head_type='eagle' for a deeper decoder."
+        )
+    if config.share_lm_head:
+        raise ValueError(
+            "EAGLE-3 heads project with their own lm_head over a draft vocabulary (as published): drop "
+            "share_lm_head=True, or use head_type='eagle' to project with the base's lm_head."
+        )
+    layers = config.feature_layers
+    if layers is None:
+        return
+    if not isinstance(layers, list | tuple) or any(not isinstance(i, int) or isinstance(i, bool) for i in layers):
+        raise _type_error("feature_layers", layers, "a list of hidden-state indices (ints) or None")
+    if not layers or min(layers) < 0:
+        raise ValueError(
+            f"MedusaConfig.feature_layers must list at least one hidden-state index >= 0 (0: the embeddings' output, "
+            f"i: the input of layer i), got {layers!r}."
+        )
+    config.feature_layers = list(layers)
 
 
 def _type_error(name: str, value: Any, takes: str) -> TypeError:

@@ -22,9 +22,9 @@ from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, paramet
 from hf_specdec.generation.loop import ACCEPTANCE, decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.drafter import MedusaDrafter
-from hf_specdec.medusa.eagle import EagleHeads
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
 from hf_specdec.medusa.heads import DraftHeads
+from hf_specdec.medusa.sequence_heads import SequenceHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import DraftTree
 
@@ -78,7 +78,7 @@ def medusa_decode(
     # The loop measures what verifying one more token costs: it decides how far a match is worth grafting, how
     # far a dynamic tree grows and how many of its nodes are verified, and whether a tree pays for itself at all.
     make_drafter: DrafterFactory
-    if isinstance(heads, EagleHeads):
+    if isinstance(heads, SequenceHeads):
         if not isinstance(tree, DynamicTree):
             raise ValueError("EAGLE heads grow a tree per row and step: pass a DynamicTree.")
         # A head forward per depth has a cost (c, measured): trees stop growing where a depth does not pay.
@@ -114,6 +114,6 @@ def _parameter_share(heads: DraftHeads, model: PreTrainedModel) -> float:
     """The heads' size relative to the base's, the lm_head rows they project onto included: a first guess of a
     head forward's cost, in base forwards."""
     lm_head_rows = 0
-    if heads.projections is None:
+    if heads.reads_base_lm_head:
         lm_head_rows = heads.head_vocab_size * model.get_output_embeddings().weight.shape[1]
     return parameter_share(heads, model, extra=lm_head_rows)

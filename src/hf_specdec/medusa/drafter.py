@@ -33,7 +33,7 @@ class MedusaDrafter:
             otherwise whole (a static tree is always verified whole).
     """
 
-    needs_hidden_states = True
+    hidden_state_layers = (-1,)
 
     def __init__(
         self,

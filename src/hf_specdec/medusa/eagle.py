@@ -26,13 +26,10 @@ import copy
 
 import torch
 from torch import nn
-from transformers import AutoModel, DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 
-from hf_specdec.medusa.heads import DraftHeads
-from hf_specdec.medusa.labels import values_after
-from hf_specdec.trees.dynamic import DynamicTree, Expander
-from hf_specdec.trees.masks import chain_structure, to_additive
-from hf_specdec.trees.static import DraftTree
+from hf_specdec.medusa.sequence_heads import SequenceHeads
+from hf_specdec.trees.dynamic import DynamicTree
 
 # The tree EAGLE heads grow by default, or when `tree=` gives only its size: children per expanded node, and
 # nodes verified. Growing stops where one more depth does not pay (`hf_specdec.drafters.draft_tree.growth_rule`).
@@ -57,7 +54,7 @@ def eagle_tree(tree: DynamicTree | str | int | None, depth: int) -> DynamicTree:
     )
 
 
-class EagleHeads(DraftHeads):
+class EagleHeads(SequenceHeads):
     """An EAGLE-style drafter on the base's features (see the module's docstring).
 
     Args:
@@ -97,145 +94,12 @@ class EagleHeads(DraftHeads):
         )
         drop_final_norm(self.decoder)
 
-    @property
-    def num_heads(self) -> int:
-        return self.depth
+    def embed(self, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
+        embedded = embeddings(tokens).to(device=self.fc.weight.device, dtype=self.dtype)
+        return self.token_norm(embedded)
 
-    @property
-    def reads_tokens(self) -> bool:
-        return True
-
-    @property
-    def attends(self) -> bool:
-        return True
-
-    @property
-    def max_dynamic_depth(self) -> int | None:
-        return None  # the same step at every depth: it can draft past the depth it was trained to
-
-    def inputs(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
-        """The decoder's inputs `(..., hidden)` for features `(..., hidden)` and the tokens that follow them
-        `(...)` (the token each feature chose, or a drafted one)."""
-        embedded = embeddings(tokens.to(embeddings.weight.device)).to(device=features.device, dtype=self.dtype)
-        return self.fc(torch.cat([self.token_norm(embedded), self.feature_norm(features.to(self.dtype))], dim=-1))
-
-    def unroll(
-        self,
-        hidden: torch.Tensor,
-        tokens: torch.Tensor,
-        embeddings: nn.Module,
-        attention_mask: torch.Tensor | None = None,
-        depth: int | None = None,
-        needed: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """The head's predicted features at every position and depth, as decoding would draft them (training and
-        evaluation: the training-time test).
-
-        Depth 0 runs over every position (each one is context for the later depths); the later depths run only
-        the chains that start at a `needed` position, so that training pays nothing past the first depth for
-        prompt tokens and padding, which carry no label.
-
-        Args:
-            hidden (`torch.Tensor` of shape `(batch, seq, hidden)`): the base's last hidden states.
-            tokens (`torch.LongTensor` of shape `(batch, seq)`): the sequences the states were computed on.
-            embeddings (`nn.Module`): the base's input embeddings.
-            attention_mask (`torch.Tensor` of shape `(batch, seq)`, *optional*): 0 on padding.
-            depth (`int`, *optional*): how many depths (default `num_heads`).
-            needed (`torch.BoolTensor` of shape `(batch, seq)`, *optional*): the positions whose predictions are
-                used (default: all of them).
-
-        Returns:
-            `depth` tensors `(batch, seq, hidden)`: entry (i, b, t) is the feature of position t + 1 + i the head
-            predicts from the base's features up to t and the tokens t + 1 .. t + 1 + i; its logits predict token
-            t + 2 + i, as Medusa's head i does (zeros where t + 1 + i is past the end, and at depths >= 1 where t is
-            not `needed`).
-        """
-        depth = self.depth if depth is None else depth
-        batch, length, _ = hidden.shape
-        device = hidden.device
-        valid = (
-            torch.ones(batch, length, dtype=torch.bool, device=device)
-            if attention_mask is None
-            else attention_mask.bool()
-        )
-        following = values_after(tokens, 1, 0)[..., 0]  # (B, T) the token after each position
-        embedded_tokens = embeddings(following.to(embeddings.weight.device)).to(device=device, dtype=self.dtype)
-        token_part = self.token_norm(embedded_tokens)
-        cache = DynamicCache()
-        inputs = self.fc(torch.cat([token_part, self.feature_norm(hidden.to(self.dtype))], dim=-1))
-        out = self.decoder(
-            inputs_embeds=inputs,
-            attention_mask=to_additive(context_visibility(valid), self.dtype),
-            position_ids=torch.arange(length, device=device).expand(batch, length),
-            cache=cache,
-            use_cache=True,
-        ).last_hidden_state  # (B, T, H): entry t predicts the feature of t + 1 from the real features up to t
-        predicted = [out]
-        starts, slots = chain_starts(
-            torch.ones_like(valid) if needed is None else needed.to(device=device, dtype=torch.bool)
-        )  # (B, N): the chains that later depths extend, from their first position
-        rows = torch.arange(batch, device=device)[:, None].expand_as(starts)
-        features = out[rows, starts]  # (B, N, H): what the chain's depth 1 reads
-        live = [slots]
-        for step in range(1, depth):
-            position = starts + step  # (B, N): the position each chain's entry of this depth stands for
-            live.append(slots & (position < length))
-            if not bool(live[-1].any()):
-                predicted.append(torch.zeros_like(out))
-                continue
-            position = position.clamp_max(length - 1)
-            inputs = self.fc(torch.cat([token_part[rows, position], self.feature_norm(features)], dim=-1))
-            mask = to_additive(unrolled_visibility(valid, starts, live), self.dtype)
-            features = self.decoder(
-                inputs_embeds=inputs, attention_mask=mask, position_ids=position, cache=cache, use_cache=True
-            ).last_hidden_state  # (B, N, H): each chain's prediction of the feature after `position`
-            shown = live[-1]
-            aligned = torch.zeros_like(out).index_put((rows[shown], starts[shown]), features[shown])
-            predicted.append(aligned)  # on the chain's start, where its label is
-        return predicted
-
-    def depth_logits_on_sequences(
-        self,
-        hidden: torch.Tensor,
-        tokens: torch.Tensor,
-        lm_head: nn.Module,
-        embeddings: nn.Module,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits `(num_heads, batch, seq, head_vocab_size)` of every depth at every position (see `unroll`)."""
-        return torch.stack([self.project(f, lm_head) for f in self.unroll(hidden, tokens, embeddings, attention_mask)])
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        lm_head: nn.Module,
-        tokens: torch.Tensor,
-        embeddings: nn.Module,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Teacher-forced logits at every position, as `depth_logits_on_sequences`."""
-        return self.depth_logits_on_sequences(hidden, tokens, lm_head, embeddings, attention_mask)
-
-    def depth_logits(
-        self,
-        hidden: torch.Tensor,
-        tokens: torch.Tensor,
-        lm_head: nn.Module,
-        embeddings: nn.Module | None,
-        depth: int | None = None,
-    ) -> list[torch.Tensor]:
-        raise TypeError("EAGLE heads read whole sequences: use `unroll` (hf_specdec.medusa.loss does).")
-
-    def tree_candidates(
-        self, hidden: torch.Tensor, root: torch.Tensor, tree: DraftTree, lm_head: nn.Module, embeddings: nn.Module
-    ) -> torch.Tensor:
-        raise ValueError(
-            "EAGLE heads grow a tree per row and step (tree=<number of nodes>, 'dynamic' or a DynamicTree), not a "
-            "static tree."
-        )
-
-    def expander(self, hidden: torch.Tensor, lm_head: nn.Module, embeddings: nn.Module) -> Expander:
-        raise TypeError("EAGLE heads keep a cache across steps: they draft through EagleDrafter.")
+    def combine(self, token_part: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([token_part, self.feature_norm(features.to(self.dtype))], dim=-1))
 
 
 def decoder_config(
@@ -265,44 +129,6 @@ def decoder_config(
     # The base's own attention where it is eager (some models run no other), else SDPA: both take 4D masks.
     config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
     return config
-
-
-def context_visibility(valid: torch.Tensor) -> torch.Tensor:
-    """Which keys the queries of unrolled depth 0 see `(batch, seq, seq)`: the real positions up to their own,
-    as the base's causal attention does. A padding query still sees itself, so attention never produces NaN."""
-    length = valid.shape[1]
-    causal = chain_structure(length, valid.device)
-    return (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=valid.device)[None]
-
-
-def chain_starts(needed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The positions of each row's `needed` entries `(batch, seq)`, packed to the left `(batch, N)` (N the most
-    any row has), and which of those slots are real `(batch, N)` (the others hold 0)."""
-    counts = needed.sum(dim=1)
-    width = int(counts.max()) if needed.numel() else 0
-    order = torch.sort((~needed).to(torch.int8), dim=1, stable=True).indices[:, :width]  # needed ones first
-    slots = torch.arange(width, device=needed.device)[None, :] < counts[:, None]
-    return torch.where(slots, order, 0), slots
-
-
-def unrolled_visibility(valid: torch.Tensor, starts: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
-    """Which keys the chains' entries of unrolled depth `len(live) - 1` (>= 1) see `(batch, N, seq + depth * N)`,
-    the keys being depth 0's entries (every position) and then each later depth's chain entries, in order.
-
-    The chain starting at position `t` (`starts`, `(batch, N)`) drafts from the real features up to `t`: its
-    entry of depth `step` sees those (depth 0, where `valid`) and, at every depth d in 1..`step`, its own entry
-    (the one of d = `step` being itself), exactly as a tree node sees the committed cache and its ancestors.
-    `live[d]` `(batch, N)` says which chains have an entry at depth d (the chain is not past the end); an entry
-    that is not still sees itself, so attention never produces NaN."""
-    step = len(live) - 1
-    length, width = valid.shape[1], starts.shape[1]
-    key = torch.arange(length, device=valid.device)
-    context = (key[None, None, :] <= starts[:, :, None]) & valid[:, None, :]  # (B, N, T)
-    own = torch.eye(width, dtype=torch.bool, device=valid.device)[None]  # (1, N, N)
-    blocks = [context & live[step][:, :, None]]
-    blocks += [own & live[d][:, None, :] for d in range(1, step)]
-    blocks.append(own.expand(valid.shape[0], -1, -1))
-    return torch.cat(blocks, dim=2)
 
 
 def drop_final_norm(decoder: PreTrainedModel) -> None:

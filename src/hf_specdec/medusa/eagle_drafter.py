@@ -48,7 +48,6 @@ class EagleDrafter:
             whole.
     """
 
-    needs_hidden_states = True
     #: The decoder layer is fed the target's hidden state at every prompt position (a cache to continue from has none).
     reads_prompt_states = True
 
@@ -63,6 +62,7 @@ class EagleDrafter:
         if tree.depth is None:
             raise ValueError("EagleDrafter needs a DynamicTree with a depth (generate() sets the heads' own).")
         self.heads, self.tree, self.prompt_lookup, self.adaptive = heads, tree, prompt_lookup, adaptive
+        self.hidden_state_layers = heads.feature_layers
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
         self.device = next(heads.parameters()).device
@@ -101,7 +101,9 @@ class EagleDrafter:
                 valid[:, :-1],
                 positions[:, :-1],
                 chain_structure(length - 1, self.device),
-                inputs_embeds=self.heads.inputs(hidden[:, :-1], following[:, :-1], self.embeddings),
+                inputs_embeds=self.heads.inputs(
+                    self.heads.from_target(hidden[:, :-1]), following[:, :-1], self.embeddings
+                ),
             )
         self.features, self.tokens = hidden[:, -1:], following[:, -1:]
         self.count = torch.ones_like(first_token, device=self.device)
@@ -128,7 +130,7 @@ class EagleDrafter:
             offsets[None, :] < self.count[:, None],
             (self.start_position[:, None] + offsets[None, :]).clamp_max(last_position),
             chain_structure(width, self.device),
-            inputs_embeds=self.heads.inputs(self.features, self.tokens, self.embeddings),
+            inputs_embeds=self.heads.inputs(self.heads.from_target(self.features), self.tokens, self.embeddings),
         ).last_hidden_state  # (A, W, H)
         self._pending_width = self._fed = width
         root_position = self.start_position + self.count  # the root's logical position

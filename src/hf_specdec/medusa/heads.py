@@ -124,6 +124,11 @@ class DraftHeads(nn.Module):
         return functional.linear(state.to(weight.device), weight, bias).to(state.device)
 
     @property
+    def reads_base_lm_head(self) -> bool:
+        """Whether the heads project with the base's lm_head (its rows are then part of a head forward's cost)."""
+        return self.projections is None
+
+    @property
     def reads_tokens(self) -> bool:
         """Whether a depth's guess reads the tokens drafted before it (then it can be taught on any text, its
         inputs being that text's tokens; heads that do not must learn on the base's own path only)."""

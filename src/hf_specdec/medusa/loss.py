@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional
 
 from hf_specdec.medusa.labels import IGNORE_INDEX, values_after
+from hf_specdec.medusa.sequence_heads import SequenceHeads
 
 if TYPE_CHECKING:
     from hf_specdec.medusa.heads import DraftHeads
@@ -141,7 +142,8 @@ def medusa_objective(
 
     Args:
         heads (`DraftHeads`), lm_head: the heads and the base's output projection.
-        hidden (`torch.Tensor` of shape `(batch, seq, hidden)`): the base's last hidden states.
+        hidden (`torch.Tensor` of shape `(batch, seq, hidden)`): the base's last hidden states (EAGLE heads: the
+            base's states they read, `SequenceHeads.state_layers`, concatenated).
         labels (`torch.LongTensor` of shape `(batch, seq)`).
         weights (`torch.Tensor` of shape `(heads,)`, *optional*): per-head weights; default `head_weights`.
         embeddings (`nn.Module`, *optional*): the base's input embeddings (needed by recurrent heads).
@@ -170,12 +172,15 @@ def medusa_objective(
         read = window[keep][:, :depth].clamp_min(0)
     window, train_run, path_run = window[keep], train_run[keep], path_run[keep]  # (M, depth + 1), (M,), (M,)
     features: list[torch.Tensor] | None = None
-    if heads.attends:
+    if isinstance(heads, SequenceHeads):
         if embeddings is None or input_ids is None:
             raise ValueError("EAGLE heads read the sequences: pass `input_ids` and the base's input embeddings.")
-        unrolled = heads.unroll(hidden, input_ids, embeddings, attention_mask, depth, needed=keep)
+        reads, hidden = heads.split_states(hidden)
+        unrolled = heads.unroll(reads, input_ids, embeddings, attention_mask, depth, needed=keep)
         features = [f[keep] for f in unrolled]  # (M, H)
         logits = [heads.project(f, lm_head) for f in features]
+        if not heads.predicts_features:
+            features = None
     else:
         logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)
     trains = [depth_targets(window, train_run, k) for k in range(depth)]

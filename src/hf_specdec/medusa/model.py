@@ -52,9 +52,11 @@ from hf_specdec.medusa.checks import (
 from hf_specdec.medusa.config import MedusaConfig, check_tree_paths
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.eagle import EagleHeads, eagle_tree
+from hf_specdec.medusa.eagle3 import Eagle3Heads, default_feature_layers, eagle3_layer_config
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.medusa.recurrent import RecurrentHeads
+from hf_specdec.medusa.sequence_heads import SequenceHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 
@@ -113,6 +115,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             )
         if config.base_model_name_or_path is None:
             config.base_model_name_or_path = _base_name(base)
+        if config.head_type == "eagle3":
+            _check_eagle3_base(config, base)
         self.base = base
         self.config = config
         # Whether `from_pretrained` merged LoRA adapters saved beside the heads into `base` (Medusa-2): an export
@@ -303,7 +307,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
     ) -> DraftTree | DynamicTree:
         check_tree_type(tree)
-        if isinstance(self.heads, EagleHeads):
+        if isinstance(self.heads, SequenceHeads):
             return self._check_dynamic_tree(eagle_tree(tree, self.heads.num_heads))
         if isinstance(tree, DynamicTree) or tree == "dynamic":
             return self._check_dynamic_tree(tree if isinstance(tree, DynamicTree) else DynamicTree())
@@ -502,7 +506,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 the vocabulary, a mask or labels of another shape than the tokens, cached states of another hidden
                 size, or objective settings out of range; `ValueError` when the base trains without adapters.
         """
-        sizes = (self.config.hidden_size, self.config.vocab_size, self.base.get_input_embeddings().num_embeddings)
+        width = len(self._state_layers) * self.config.hidden_size
+        sizes = (width, self.config.vocab_size, self.base.get_input_embeddings().num_embeddings)
         check_forward_inputs(sizes, input_ids, attention_mask, labels, hidden_states)
         check_objective_settings(head_decay, soft_targets, distill_weight, rank_top_k, feature_weight)
         if labels is None:
@@ -522,8 +527,10 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                     "base to distil from: freeze it with `model.freeze_base()` (only the heads train), or train it "
                     "through LoRA adapters (`peft.get_peft_model`), or pass the base's cached `hidden_states`."
                 )
-            out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-            hidden_states = out.hidden_states[-1]
+            out = self.base(
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(self._state_layers)
+            )
+            hidden_states = torch.cat([out.hidden_states[i] for i in self._state_layers], dim=-1)
             with torch.no_grad(), self.base.disable_adapter():
                 reference = self.base(input_ids=input_ids, attention_mask=attention_mask).logits
             keep = labels != IGNORE_INDEX  # the positions whose predictions matter
@@ -553,17 +560,24 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             result["label_ranks"] = label_rank_counts(objective, labels.shape[0], rank_top_k)
         return result
 
+    @property
+    def _state_layers(self) -> tuple[int, ...]:
+        """The base's hidden states the heads train on, concatenated in this order (`hidden_states` of `forward`):
+        the last one, and for EAGLE-3 heads first the layers they fuse."""
+        return self.heads.state_layers if isinstance(self.heads, SequenceHeads) else (-1,)
+
     def _base_hidden_states(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> torch.Tensor:
         if input_ids is None:
             raise ValueError("Pass `input_ids` (or cached `hidden_states`).")
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        return out.hidden_states[-1]
+        layers = self._state_layers
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(layers))
+        return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
     def _head_logits(
         self, hidden_states: torch.Tensor, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None
     ) -> torch.Tensor:
         lm_head = self.base.get_output_embeddings()
-        if isinstance(self.heads, EagleHeads):
+        if isinstance(self.heads, SequenceHeads):
             if input_ids is None:
                 raise ValueError("EAGLE heads read the sequences: pass `input_ids`.")
             return self.heads(hidden_states, lm_head, input_ids, self.base.get_input_embeddings(), attention_mask)
@@ -574,12 +588,27 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         return self.heads(hidden_states, lm_head)
 
 
-_HEAD_CLASSES: dict[str, type[DraftHeads]] = {"medusa": MedusaHeads, "recurrent": RecurrentHeads, "eagle": EagleHeads}
+_HEAD_CLASSES: dict[str, type[DraftHeads]] = {
+    "medusa": MedusaHeads,
+    "recurrent": RecurrentHeads,
+    "eagle": EagleHeads,
+    "eagle3": Eagle3Heads,
+}
 
 
 def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.Tensor | None) -> DraftHeads:
     assert config.hidden_size is not None and config.vocab_size is not None
     embedding_size = base.get_input_embeddings().weight.shape[1]
+    if config.head_type == "eagle3":
+        assert config.feature_layers is not None
+        return Eagle3Heads(
+            config.num_heads,
+            eagle3_layer_config(base.config, config.intermediate_size),
+            config.hidden_size,
+            config.feature_layers,
+            config.vocab_size,
+            token_ids,
+        )
     if config.head_type == "eagle":
         return EagleHeads(
             config.num_heads,
@@ -605,6 +634,27 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     return MedusaHeads(
         config.num_heads, config.num_layers, config.hidden_size, config.vocab_size, config.share_lm_head, token_ids
     )
+
+
+def _check_eagle3_base(config: MedusaConfig, base: PreTrainedModel) -> None:
+    """Fill in the base layers EAGLE-3 heads fuse, and check that the base has them and embeds tokens as wide as
+    its hidden state (the layer reads both side by side)."""
+    text = base.config.get_text_config(decoder=True)
+    num_layers = text.num_hidden_layers
+    if config.feature_layers is None:
+        config.feature_layers = default_feature_layers(num_layers)
+    if max(config.feature_layers) >= num_layers:
+        raise ValueError(
+            f"feature_layers={config.feature_layers} names hidden states the base does not have before its last "
+            f"layer: it has {num_layers} layers, so the indices go from 0 (the embeddings' output) to "
+            f"{num_layers - 1} (the input of its last layer)."
+        )
+    width = base.get_input_embeddings().weight.shape[1]
+    if width != text.hidden_size:
+        raise ValueError(
+            f"{type(base).__name__} embeds tokens {width} wide but its hidden state is {text.hidden_size} wide; "
+            "EAGLE-3 heads read both side by side at one width: use head_type='eagle' for this base."
+        )
 
 
 def _base_name(base: PreTrainedModel) -> str | None:

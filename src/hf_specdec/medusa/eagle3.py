@@ -1,0 +1,200 @@
+"""EAGLE-3 draft heads (Li et al. 2025), in the published architecture, whatever the target's:
+
+    g_t      = fc([h^low_t; h^mid_t; h^high_t])          three of the target's layers at t, fused (3H -> H)
+    x_t      = [n_in(e(token_{t+1})); n_h(g_t)]           e: the target's input embeddings; n_in, n_h: RMS norms
+    a_t      = g_t + Attention(x_t | x_0 .. x_t)          q/k/v read the 2H-wide x; the residual is g_t
+    f'_{t+1} = a_t + MLP(n_post(a_t))                     one Llama-style layer ("midlayer")
+    logits   = lm_head(norm(f'_{t+1}))                    an own lm_head over a draft vocabulary (d2t/t2d)
+
+Drafting one token further feeds the layer its own output `f'_{t+1}` (before the final norm) in place of `g`,
+with the drafted token; after a step the accepted positions are fed again with the target's fused states
+(`hf_specdec.medusa.eagle_drafter`, as for the library's other EAGLE heads).
+
+The fused layers are the *inputs* of target layers `feature_layers` (indices of `output_hidden_states`, where 0 is
+the embeddings' output): by default (2, L // 2, L - 3) of an L-layer target, as EAGLE-3, SpecForge and vLLM take
+them. The verification forward asks for those three states only (transformers' `output_hidden_states=[...]`),
+so verifying costs what it costs for any other drafter.
+
+Names follow the published checkpoints (`fc`, the decoder's `layers.0` being EAGLE-3's `midlayer`, `norm`,
+`lm_head`); the draft vocabulary is the heads' `token_ids` (EAGLE-3's `d2t`/`t2d`: `token_ids[i] = i + d2t[i]`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Cache, LlamaConfig, LlamaModel, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+
+from hf_specdec.medusa.sequence_heads import SequenceHeads
+
+
+def default_feature_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's fused layers for an `num_layers`-layer target: the inputs of layers 2, L // 2 and L - 3 (vLLM's and
+    SpecForge's default), each kept within the target's layers (a target of fewer than 6 layers repeats some)."""
+    return [min(max(index, 0), num_layers - 1) for index in (2, num_layers // 2, num_layers - 3)]
+
+
+def eagle3_layer_config(base_config: PretrainedConfig, intermediate_size: int | None = None) -> LlamaConfig:
+    """The config of an EAGLE-3 head's one layer for a base: a Llama layer of the base's width, heads, head size,
+    norm epsilon and rope base (plain rope: a base without rope, GPT-2's learnt positions, gets Llama's), with MLPs
+    `intermediate_size` wide (default: the base's) and no vocabulary of its own (the head is fed vectors)."""
+    text = base_config.get_text_config(decoder=True)
+    hidden = text.hidden_size
+    heads = text.num_attention_heads
+    rope = getattr(text, "rope_parameters", None)
+    theta = rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0
+    width = intermediate_size or next(
+        (
+            value
+            for name in ("intermediate_size", "n_inner", "ffn_dim")
+            if isinstance(value := getattr(text, name, None), int)
+        ),
+        4 * hidden,
+    )
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=width,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or hidden // heads,
+        rms_norm_eps=getattr(text, "rms_norm_eps", None) or 1e-6,
+        max_position_embeddings=getattr(text, "max_position_embeddings", None) or 4096,
+        rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
+        vocab_size=1,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    # The base's own attention where it is eager, else SDPA: both take the 4D masks trees need.
+    config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
+    return config
+
+
+class Eagle3Layer(LlamaDecoderLayer):
+    """EAGLE-3's `midlayer`: a Llama decoder layer whose attention reads `[n_in(embedding); n_h(hidden)]` (2H wide)
+    and whose residual stream starts at `hidden` (or at `n_h(hidden)` with `norm_before_residual`, as some
+    published checkpoints say). It is fed the two halves concatenated, `[embedding; hidden]`, as `inputs_embeds`.
+    """
+
+    def __init__(self, config: LlamaConfig, layer_idx: int = 0, norm_before_residual: bool = False) -> None:
+        super().__init__(config, layer_idx)
+        attention, width = self.self_attn, 2 * config.hidden_size
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(attention, name)
+            setattr(attention, name, nn.Linear(width, old.out_features, bias=old.bias is not None))
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(  # type: ignore[override]
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        embedded, hidden = hidden_states.chunk(2, dim=-1)
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        attended, _ = self.self_attn(
+            hidden_states=torch.cat([self.input_layernorm(embedded), normed], dim=-1),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden = residual + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Decoder(LlamaModel):
+    """A one-layer `LlamaModel` whose layer is `Eagle3Layer` and whose final norm is the heads' own (applied
+    before their lm_head, not to the features fed back): what `CachedSequence` runs with a KV cache and tree
+    masks, as it runs any base model."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False) -> None:
+        super().__init__(config)
+        self.layers = nn.ModuleList([Eagle3Layer(config, 0, norm_before_residual)])
+        self.norm = nn.Identity()
+        self.post_init()
+
+
+class Eagle3Heads(SequenceHeads):
+    """EAGLE-3 heads (see the module's docstring).
+
+    Args:
+        num_heads (`int`): the depth it drafts to by default, and the depths the training-time test unrolls.
+        layer_config (`LlamaConfig`): its layer's config (`eagle3_layer_config` for a base).
+        target_hidden_size (`int`): the width of each fused target state.
+        feature_layers (`list[int]`): which of the target's `output_hidden_states` it fuses, in order.
+        vocab_size (`int`): the target's number of logits.
+        token_ids (`torch.LongTensor`, *optional*): the draft vocabulary (increasing ids); all `vocab_size` ids
+            when `None`.
+        norm_before_residual (`bool`): start the layer's residual stream at the normed hidden state.
+    """
+
+    predicts_features = False  # EAGLE-3 learns tokens only: its features are free to differ from the target's
+
+    def __init__(
+        self,
+        num_heads: int,
+        layer_config: LlamaConfig,
+        target_hidden_size: int,
+        feature_layers: list[int] | tuple[int, ...],
+        vocab_size: int,
+        token_ids: torch.Tensor | None = None,
+        norm_before_residual: bool = False,
+    ) -> None:
+        hidden = layer_config.hidden_size
+        super().__init__(hidden, vocab_size, 0, token_ids)
+        if not feature_layers:
+            raise ValueError("EAGLE-3 heads fuse at least one of the target's layers: pass feature_layers.")
+        self.depth = num_heads
+        self._feature_layers = tuple(int(i) for i in feature_layers)
+        self.fc = nn.Linear(len(self._feature_layers) * target_hidden_size, hidden, bias=False)
+        self.decoder = Eagle3Decoder(layer_config, norm_before_residual)
+        self.norm = LlamaRMSNorm(hidden, eps=layer_config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, self.head_vocab_size, bias=False)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self._feature_layers
+
+    @property
+    def reads_base_lm_head(self) -> bool:
+        return False
+
+    @property
+    def midlayer(self) -> Eagle3Layer:
+        """The one layer (published checkpoints' `midlayer`)."""
+        layer = self.decoder.layers[0]
+        assert isinstance(layer, Eagle3Layer)
+        return layer
+
+    def from_target(self, states: torch.Tensor) -> torch.Tensor:
+        return self.fc(states.to(device=self.fc.weight.device, dtype=self.dtype))
+
+    def embed(self, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
+        return embeddings(tokens).to(device=self.fc.weight.device, dtype=self.dtype)
+
+    def combine(self, token_part: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return torch.cat([token_part, features.to(self.dtype)], dim=-1)
+
+    def project(self, state: torch.Tensor, lm_head: nn.Module, projection: int = 0) -> torch.Tensor:
+        """Logits over the draft vocabulary `(..., head_vocab_size)`: the own lm_head after the final norm."""
+        return self.lm_head(self.norm(state.to(self.dtype)))
+
+    def init_projections_from(self, lm_head: nn.Module) -> None:
+        """Start the own lm_head from the base's rows of the draft vocabulary (its final norm starting at 1)."""
+        with torch.no_grad():
+            weight = lm_head.weight
+            if self.token_ids is not None:
+                weight = weight[self.token_ids.to(weight.device)]
+            self.lm_head.weight.copy_(weight)
