@@ -48,6 +48,11 @@ class MedusaConfig:
             indices of `output_hidden_states` (0: the embeddings' output, i: the input of layer i); `None`: the
             inputs of layers 2, L // 2 and L - 3 of an L-layer base (EAGLE-3's and vLLM's default), filled in
             from the base.
+        layer_config (`dict`, *optional*): EAGLE-3 heads: the config of their one layer (a `LlamaConfig` as a
+            dict: width, attention heads, MLP width, norm epsilon, rope); `None`: derived from the base
+            (`hf_specdec.medusa.eagle3.eagle3_layer_config`), filled in when the heads are built.
+        norm_before_residual (`bool`): EAGLE-3 heads: start their layer's residual stream at the normed hidden state
+            instead of the hidden state itself (a variant some published checkpoints use).
         base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from: a local
             folder, a name of `hf_specdec.zoo.ZOO` (fetched into the zoo's cache) or a Hub repository id.
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
@@ -67,6 +72,8 @@ class MedusaConfig:
     head_vocab_size: int | None = None
     intermediate_size: int | None = None
     feature_layers: list[int] | None = None
+    layer_config: dict[str, Any] | None = None
+    norm_before_residual: bool = False
     base_model_name_or_path: str | None = None
     tree: list[list[int]] | None = None
     measured_top1: list[float] | None = None
@@ -97,8 +104,14 @@ class MedusaConfig:
                 f"{self.intermediate_size!r} with head_type={self.head_type!r}: pass head_type='eagle' or 'eagle3', "
                 "or drop intermediate_size."
             )
+        _check_bool("norm_before_residual", self.norm_before_residual)
         if self.head_type == "eagle3":
             _check_eagle3(self)
+        elif self.norm_before_residual or self.layer_config is not None:
+            raise ValueError(
+                f"MedusaConfig.layer_config and norm_before_residual describe EAGLE-3 heads' layer, but got "
+                f"head_type={self.head_type!r}: pass head_type='eagle3' or drop them."
+            )
         elif self.feature_layers is not None:
             raise ValueError(
                 "MedusaConfig.feature_layers chooses the base layers EAGLE-3 heads fuse, but got "
@@ -222,6 +235,10 @@ def _check_eagle3(config: MedusaConfig) -> None:
             "EAGLE-3 heads project with their own lm_head over a draft vocabulary (as published): drop "
             "share_lm_head=True, or use head_type='eagle' to project with the base's lm_head."
         )
+    if config.layer_config is not None and not (
+        isinstance(config.layer_config, dict) and all(isinstance(key, str) for key in config.layer_config)
+    ):
+        raise _type_error("layer_config", config.layer_config, "a dict (a LlamaConfig's fields) or None")
     layers = config.feature_layers
     if layers is None:
         return

@@ -66,10 +66,29 @@ def eagle3_layer_config(base_config: PretrainedConfig, intermediate_size: int | 
         rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
         vocab_size=1,
         pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
         tie_word_embeddings=False,
     )
     # The base's own attention where it is eager, else SDPA: both take the 4D masks trees need.
     config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
+    return config
+
+
+def layer_config_to_dict(config: LlamaConfig) -> dict[str, Any]:
+    """What `MedusaConfig.layer_config` keeps of a layer's config: the fields that differ from Llama's defaults."""
+    fields = config.to_diff_dict()
+    for name in ("transformers_version", "_attn_implementation_autoset", "model_type"):
+        fields.pop(name, None)
+    return fields
+
+
+def layer_config_from_dict(fields: dict[str, Any], base_config: PretrainedConfig | None = None) -> LlamaConfig:
+    """The layer's `LlamaConfig` from `MedusaConfig.layer_config`, one layer, with the base's attention (eager
+    where the base's is, else SDPA)."""
+    config = LlamaConfig(**{**fields, "num_hidden_layers": 1})
+    eager = base_config is not None and getattr(base_config, "_attn_implementation", None) == "eager"
+    config._attn_implementation = "eager" if eager else "sdpa"
     return config
 
 

@@ -52,7 +52,13 @@ from hf_specdec.medusa.checks import (
 from hf_specdec.medusa.config import MedusaConfig, check_tree_paths
 from hf_specdec.medusa.decoding import ACCEPTANCE, medusa_decode
 from hf_specdec.medusa.eagle import EagleHeads, eagle_tree
-from hf_specdec.medusa.eagle3 import Eagle3Heads, default_feature_layers, eagle3_layer_config
+from hf_specdec.medusa.eagle3 import (
+    Eagle3Heads,
+    default_feature_layers,
+    eagle3_layer_config,
+    layer_config_from_dict,
+    layer_config_to_dict,
+)
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.medusa.recurrent import RecurrentHeads
@@ -600,14 +606,15 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     assert config.hidden_size is not None and config.vocab_size is not None
     embedding_size = base.get_input_embeddings().weight.shape[1]
     if config.head_type == "eagle3":
-        assert config.feature_layers is not None
+        assert config.feature_layers is not None and config.layer_config is not None
         return Eagle3Heads(
             config.num_heads,
-            eagle3_layer_config(base.config, config.intermediate_size),
+            layer_config_from_dict(config.layer_config, base.config),
             config.hidden_size,
             config.feature_layers,
             config.vocab_size,
             token_ids,
+            config.norm_before_residual,
         )
     if config.head_type == "eagle":
         return EagleHeads(
@@ -643,6 +650,8 @@ def _check_eagle3_base(config: MedusaConfig, base: PreTrainedModel) -> None:
     num_layers = text.num_hidden_layers
     if config.feature_layers is None:
         config.feature_layers = default_feature_layers(num_layers)
+    if config.layer_config is None:
+        config.layer_config = layer_config_to_dict(eagle3_layer_config(base.config, config.intermediate_size))
     if max(config.feature_layers) >= num_layers:
         raise ValueError(
             f"feature_layers={config.feature_layers} names hidden states the base does not have before its last "
