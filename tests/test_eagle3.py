@@ -145,3 +145,154 @@ def test_verification_asks_for_the_fused_layers_only(monkeypatch: pytest.MonkeyP
     ids, mask = ragged_batch(2, seed=1)
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, medusa=True)
     assert asked and all(layers == [2, 3, 3] for layers in asked)
+
+
+def _fit(model: MedusaForCausalLM, sequences: torch.Tensor, steps: int, lr: float, **objective) -> None:
+    """Train the heads on the base's own continuations, the base's states computed once."""
+    optimizer = torch.optim.Adam(model.heads.parameters(), lr=lr)
+    with torch.no_grad():
+        states = model._base_hidden_states(sequences, None)
+    for _ in range(steps):
+        loss = model(input_ids=sequences, labels=sequences, hidden_states=states, **objective)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("soft_targets", [False, True])
+def test_heads_that_are_right_accept_long_paths_and_keep_identity(soft_targets: bool) -> None:
+    base = tiny_model("llama", seed=0, num_layers=4, sharpen=4.0)
+    torch.manual_seed(0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(head_type="eagle3", num_heads=3)).freeze_base()
+    ids, mask = ragged_batch(3, seed=4)
+    plain = _generate(base, ids, mask)
+    _fit(model, plain, steps=120, lr=1e-2, soft_targets=soft_targets)
+    out = _generate(model, ids, mask, medusa=True, tree=8, return_dict_in_generate=True, speculative_costs=FREE)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.summary()["tau"] > 2.5, out.speculative.summary()
+
+
+def test_training_learns_tokens_only_and_trains_only_the_heads() -> None:
+    model = _eagle3("gpt2").freeze_base()
+    ids = torch.randint(4, 96, (2, 10), generator=torch.Generator().manual_seed(0))
+    result = model(input_ids=ids, labels=ids, attention_mask=torch.ones_like(ids))
+    assert result["per_head_loss"].shape == (3,) and "per_head_feature_loss" not in result
+    result["loss"].backward()
+    assert all(p.grad is None for p in model.base.parameters())
+    assert model.heads.fc.weight.grad is not None and model.heads.fc.weight.grad.abs().sum() > 0
+    assert model.heads.midlayer.hidden_norm.weight.grad is not None
+    assert model(input_ids=ids)["head_logits"].shape == (3, 2, 10, 96)
+    with pytest.raises(ValueError, match=r"layers they fuse and then the last.*\(batch, sequence, 256\)"):
+        model(input_ids=ids, labels=ids, hidden_states=torch.zeros(2, 10, 64))
+
+
+def _record_proposals(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    records: list[dict] = []
+    propose = EagleDrafter.propose
+
+    def recording(self, buffer, last_token, next_position, costs, max_tokens):
+        proposal = propose(self, buffer, last_token, next_position, costs, max_tokens)
+        committed = [
+            buffer.tokens[row, :n].clone() for row, n in zip(buffer.active, buffer.active_lengths, strict=True)
+        ]
+        records.append(
+            {"rows": buffer.active.clone(), "committed": committed, "nodes": proposal.nodes, "trees": proposal.trees}
+        )
+        return proposal
+
+    monkeypatch.setattr(EagleDrafter, "propose", recording)
+    return records
+
+
+def test_every_node_gets_the_candidates_of_its_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Brute force: each node's children are the head's top candidates after its path, computed from scratch by
+    unrolling the head over the row's committed tokens and the path (the base's fused states on them)."""
+    model = _eagle3("qwen2", num_layers=6)
+    with torch.no_grad():  # sharp attention: a position or a key off by one changes the candidates
+        for name, parameter in model.heads.decoder.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                parameter.mul_(12.0)
+    records = _record_proposals(monkeypatch)
+    ids, mask = ragged_batch(3, seed=7)
+    tree = DynamicTree(num_nodes=8, depth=3, top_k=3)
+    out = _generate(model, ids, mask, medusa=True, tree=tree, return_dict_in_generate=True, speculative_costs=FREE)
+    assert torch.equal(out.sequences, _generate(model.base, ids, mask))
+    heads, base = model.heads, model.base
+    embeddings, padding = base.get_input_embeddings(), (mask == 0).sum(dim=1)
+    checked = 0
+    for record in records[:6]:
+        for i, row in enumerate(record["rows"].tolist()):
+            committed = record["committed"][i][int(padding[row]) :]
+            nodes, parents = record["nodes"][i], record["trees"].parents[i]
+            for node in range(nodes.shape[0]):
+                children = nodes[1:][parents[1:] == node]
+                if children.numel() == 0:
+                    continue
+                path, walk = [], node
+                while walk > 0:
+                    path.insert(0, int(nodes[walk]))
+                    walk = int(parents[walk])
+                tokens = torch.cat([committed, torch.tensor(path, dtype=torch.long)])[None]
+                with torch.no_grad():
+                    states = base(tokens, output_hidden_states=True).hidden_states
+                    fused = torch.cat([states[j] for j in heads.feature_layers], dim=-1)
+                    features = heads.unroll(fused, tokens, embeddings, depth=len(path) + 1)
+                    logits = heads.project(features[len(path)][0, committed.numel() - 2], None)
+                top = heads.to_token_ids(logits.topk(3).indices)
+                assert bool(torch.isin(children, top).all()), (node, children, top)
+                checked += 1
+    assert checked > 10
+
+
+def test_a_draft_vocabulary_maps_back_to_the_base_ids() -> None:
+    base = tiny_model("llama", seed=0, num_layers=4, sharpen=4.0)
+    token_ids = torch.arange(0, 96, 3)  # every third id
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(head_type="eagle3", num_heads=2), token_ids=token_ids)
+    assert model.heads.lm_head.weight.shape == (32, 64)
+    torch.testing.assert_close(model.heads.lm_head.weight, base.lm_head.weight[token_ids])  # started from the base's
+    ids, mask = ragged_batch(2, seed=2)
+    out = _generate(model, ids, mask, medusa=True, return_dict_in_generate=True, speculative_costs=FREE)
+    assert torch.equal(out.sequences, _generate(base, ids, mask))
+
+
+def test_save_and_load_round_trip(tmp_path) -> None:
+    model = _eagle3("mistral", feature_layers=[1, 2, 3])
+    model.save_pretrained(tmp_path)
+    loaded = MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base)
+    assert isinstance(loaded.heads, Eagle3Heads) and loaded.heads.feature_layers == (1, 2, 3)
+    for (name, a), (_, b) in zip(model.heads.state_dict().items(), loaded.heads.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    ids, mask = ragged_batch(2, seed=3)
+    kwargs = {"medusa": True, "speculative_costs": FREE}
+    assert torch.equal(_generate(loaded, ids, mask, **kwargs), _generate(model, ids, mask, **kwargs))
+
+
+def test_prompt_lookup_grafted_on_eagle3_trees_keeps_plain_greedy() -> None:
+    model = _eagle3("llama")
+    ids, mask = ragged_batch(3, seed=5)
+    ids = torch.cat([ids, ids[:, -6:], ids[:, -6:]], dim=1)  # repeats for the lookup to find
+    mask = torch.cat([mask, torch.ones_like(ids[:, :12])], dim=1)
+    out = _generate(
+        model, ids, mask, medusa=True, prompt_lookup_num_tokens=4, return_dict_in_generate=True, speculative_costs=FREE
+    )
+    assert torch.equal(out.sequences, _generate(model.base, ids, mask))
+    assert out.speculative.lookup_steps > 0
+
+
+def test_errors_say_what_to_do() -> None:
+    base = tiny_model("llama", seed=0, num_layers=4)
+    with pytest.raises(ValueError, match="exactly one layer"):
+        MedusaConfig(head_type="eagle3", num_layers=2)
+    with pytest.raises(ValueError, match="own lm_head"):
+        MedusaConfig(head_type="eagle3", share_lm_head=True)
+    with pytest.raises(ValueError, match="pass head_type='eagle3'"):
+        MedusaConfig(head_type="eagle", feature_layers=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"from 0 \(the embeddings' output\) to 3"):
+        MedusaForCausalLM.from_base(base, MedusaConfig(head_type="eagle3", feature_layers=[1, 2, 4]))
+    with pytest.raises(TypeError, match="feature_layers"):
+        MedusaConfig(head_type="eagle3", feature_layers=[1, "2"])
+    assert MedusaConfig(head_type="eagle3").share_lm_head is False and MedusaConfig().share_lm_head is True
+    model = _eagle3("llama")
+    ids, mask = ragged_batch(1, seed=1)
+    with pytest.raises(ValueError, match="grow a tree per row"):
+        _generate(model, ids, mask, medusa=True, tree="medium")

@@ -586,7 +586,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         if isinstance(self.heads, SequenceHeads):
             if input_ids is None:
                 raise ValueError("EAGLE heads read the sequences: pass `input_ids`.")
-            return self.heads(hidden_states, lm_head, input_ids, self.base.get_input_embeddings(), attention_mask)
+            reads, _ = self.heads.split_states(hidden_states)
+            return self.heads(reads, lm_head, input_ids, self.base.get_input_embeddings(), attention_mask)
         if isinstance(self.heads, RecurrentHeads):
             if input_ids is None:
                 raise ValueError("Recurrent heads read the following tokens: pass `input_ids` or `labels`.")
