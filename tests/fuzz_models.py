@@ -703,12 +703,12 @@ def _draw_draft(rng: random.Random, case: Case, specials: tuple[int | None, ...]
 
 
 def _draw_heads(rng: random.Random, case: Case) -> None:
-    head_type = _weighted(rng, {"medusa": 3, "recurrent": 3, "eagle": 3})
+    head_type = _weighted(rng, {"medusa": 3, "recurrent": 3, "eagle": 3, "eagle3": 3})
     heads: dict[str, Any] = {
         "head_type": head_type,
         "num_heads": rng.randint(1, 4),
-        "num_layers": rng.randint(1, 2) if head_type == "eagle" else rng.randint(0, 2),
-        "share_lm_head": rng.random() < 0.6,
+        "num_layers": {"eagle": rng.randint(1, 2), "eagle3": 1}.get(head_type, rng.randint(0, 2)),
+        "share_lm_head": head_type != "eagle3" and rng.random() < 0.6,
         "noise": rng.choice([0.0, 0.3, 1.0]),
         "seed": rng.randint(0, 10**6),
         "token_ids": None,
@@ -716,6 +716,8 @@ def _draw_heads(rng: random.Random, case: Case) -> None:
     if rng.random() < 0.2:
         size = rng.randint(1, case.target.rows)
         heads["token_ids"] = sorted(rng.sample(range(case.target.rows), size))
+    if head_type == "eagle3" and rng.random() < 0.3:  # fused layers of its own choosing (the default otherwise)
+        heads["feature_layers"] = [rng.randrange(case.target.layers) for _ in range(rng.randint(1, 3))]
     case.heads = heads
     kw = case.path_kwargs
     kw["medusa"] = True
@@ -724,7 +726,7 @@ def _draw_heads(rng: random.Random, case: Case) -> None:
     if case.path == "medusa_dynamic":
         kw["tree"] = "dynamic" if rng.random() < 0.25 else _dynamic_tree(rng, max_depth=deepest, depth_none=True)
         return
-    if head_type == "eagle":  # EAGLE heads grow their trees: static ones are refused
+    if head_type in ("eagle", "eagle3"):  # EAGLE heads grow their trees: static ones are refused
         tree = _weighted(rng, {"none": 6, "int": 12, "dynamic": 9, "preset": 1, "paths": 1})
     else:
         tree = _weighted(rng, {"none": 2, "preset": 2, "int": 3, "paths": 2, "dynamic": 1})
@@ -935,7 +937,11 @@ def build_heads(case: Case, base: PreTrainedModel) -> MedusaForCausalLM:
     h = case.heads
     assert h is not None
     config = MedusaConfig(
-        num_heads=h["num_heads"], num_layers=h["num_layers"], head_type=h["head_type"], share_lm_head=h["share_lm_head"]
+        num_heads=h["num_heads"],
+        num_layers=h["num_layers"],
+        head_type=h["head_type"],
+        share_lm_head=h["share_lm_head"],
+        feature_layers=h.get("feature_layers"),
     )
     token_ids = None if h["token_ids"] is None else torch.tensor(h["token_ids"])
     torch.manual_seed(h["seed"])

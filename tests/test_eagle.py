@@ -10,8 +10,8 @@ import torch
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.generation.decisions import SpeculationGate
 from hf_specdec.medusa.eagle import EagleHeads, drop_final_norm, eagle_tree
-from hf_specdec.medusa.sequence_heads import chain_starts, context_visibility, unrolled_visibility
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
+from hf_specdec.medusa.sequence_heads import chain_starts, context_visibility, unrolled_visibility
 from tests.test_medusa import _fit_heads, _generate
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
 

@@ -182,6 +182,8 @@ def test_training_learns_tokens_only_and_trains_only_the_heads() -> None:
     assert model.heads.fc.weight.grad is not None and model.heads.fc.weight.grad.abs().sum() > 0
     assert model.heads.midlayer.hidden_norm.weight.grad is not None
     assert model(input_ids=ids)["head_logits"].shape == (3, 2, 10, 96)
+    with pytest.raises(ValueError, match=r"feature_weight=0\.5 weighs a feature regression that Eagle3Heads do not"):
+        model(input_ids=ids, labels=ids, feature_weight=0.5)
     with pytest.raises(ValueError, match=r"layers they fuse and then the last.*\(batch, sequence, 256\)"):
         model(input_ids=ids, labels=ids, hidden_states=torch.zeros(2, 10, 64))
 

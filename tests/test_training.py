@@ -115,7 +115,7 @@ def data():
     return tokenize_records(datasets.Dataset.from_list(_conversations(32)), tiny_tokenizer(), max_length=64)
 
 
-@pytest.mark.parametrize("head_type", ["medusa", "recurrent", "eagle"])
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent", "eagle", "eagle3"])
 def test_heads_learn_and_loss_falls(tmp_path: Path, data, head_type: str) -> None:
     base = tiny_model("llama", seed=0)
     config = MedusaConfig(num_heads=2, share_lm_head=False, head_type=head_type)
@@ -244,6 +244,40 @@ def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> N
     assert torch.equal(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, medusa=True), plain)
     with pytest.raises(ValueError, match="frozen base"):
         main(["--base", str(base_dir), "--data", str(data), "--head_type", "eagle", "--lora", "--output_dir", str(out)])
+
+
+@pytest.mark.parametrize("self_distill", [True, False])
+def test_recipe_trains_eagle3_heads_on_cached_fused_states(tmp_path: Path, self_distill: bool) -> None:
+    """EAGLE-3 heads read three of the base's layers and learn from its last: the cache holds the four, whether
+    it comes from self-distillation or from a forward over the data."""
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0, num_layers=4).save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _conversations(24)))
+    out = tmp_path / "heads"
+    distill = ["--self_distill", "--distill_max_new_tokens", "12"] if self_distill else []
+    recipe_main()(
+        [
+            "--base", str(base_dir), "--data", str(data), "--num_heads", "3", "--head_type", "eagle3", *distill,
+            "--cache_hidden_states", "--eval_fraction", "0.25", "--output_dir", str(out), "--max_steps", "4",
+            "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+            "--head_vocab_size", "40", "--feature_layers", "1", "2", "3",
+        ]
+    )  # fmt: skip
+    config = json.loads((out / "medusa_config.json").read_text())
+    assert config["head_type"] == "eagle3" and config["feature_layers"] == [1, 2, 3]
+    assert config["share_lm_head"] is False and config["tree"] is None and len(config["measured_top1"]) == 3
+    import datasets
+
+    cache = "self_distill_states" if self_distill else "hidden_states"
+    stored = datasets.load_from_disk(str(next((out / cache).rglob("dataset_info.json")).parent))
+    assert len(stored[0]["hidden_states"][0]) == 4 * 64  # layers 1, 2, 3 and the last, 64 wide each
+    model = MedusaForCausalLM.from_pretrained(out)
+    assert model.heads.lm_head.weight.shape[0] == 40
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = model.base.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(model.generate(input_ids=ids, max_new_tokens=8, do_sample=False, medusa=True), plain)
 
 
 def test_recipe_caches_each_data_source_once(tmp_path: Path) -> None:

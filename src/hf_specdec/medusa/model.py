@@ -516,6 +516,11 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         sizes = (width, self.config.vocab_size, self.base.get_input_embeddings().num_embeddings)
         check_forward_inputs(sizes, input_ids, attention_mask, labels, hidden_states)
         check_objective_settings(head_decay, soft_targets, distill_weight, rank_top_k, feature_weight)
+        if feature_weight != 1.0 and not (isinstance(self.heads, SequenceHeads) and self.heads.predicts_features):
+            raise ValueError(
+                f"feature_weight={feature_weight} weighs a feature regression that {type(self.heads).__name__} do not "
+                "train with (EAGLE-1-style heads do): drop it."
+            )
         if labels is None:
             if hidden_states is None:
                 hidden_states = self._base_hidden_states(input_ids, attention_mask)
@@ -642,6 +647,18 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
     return MedusaHeads(
         config.num_heads, config.num_layers, config.hidden_size, config.vocab_size, config.share_lm_head, token_ids
     )
+
+
+def state_layers(config: MedusaConfig, base: PreTrainedModel) -> tuple[int, ...]:
+    """The base's hidden states heads of `config` train on, concatenated in this order (`hidden_states` of
+    `MedusaForCausalLM.forward`, and what a training cache holds): the last one, and for EAGLE-3 heads first
+    the layers they fuse."""
+    if config.head_type != "eagle3":
+        return (-1,)
+    layers = config.feature_layers
+    if layers is None:
+        layers = default_feature_layers(base.config.get_text_config(decoder=True).num_hidden_layers)
+    return (*layers, -1)
 
 
 def _check_eagle3_base(config: MedusaConfig, base: PreTrainedModel) -> None:

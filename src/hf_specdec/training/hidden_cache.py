@@ -31,9 +31,13 @@ def cache_hidden_states(
     pad_token_id: int,
     batch_size: int = 8,
     relabel: bool = False,
+    layers: tuple[int, ...] = (-1,),
 ) -> datasets.Dataset:
     """Add a `hidden_states` column `(seq, hidden)` (the base's last hidden states, after its final norm) to a
     tokenised data set, saved under `directory` and reloaded from there if it already exists.
+
+    `layers` chooses other hidden states (indices of `output_hidden_states`), concatenated in that order: EAGLE-3
+    heads read three of the base's layers and learn from its last one (`SequenceHeads.state_layers`).
 
     With `relabel`, the same forward also replaces every label by the base's own greedy prediction there
     (see [`base_labels`]): heads then learn what the base would write, on any text, without generating.
@@ -48,7 +52,7 @@ def cache_hidden_states(
     # Only relabelling reads the logits: otherwise the lm_head runs on one position (a sixth of a Qwen2.5's cost).
     takes_logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
     skip_logits = {"logits_to_keep": 1} if takes_logits_to_keep and not relabel else {}
-    hidden_size = base.config.get_text_config(decoder=True).hidden_size
+    width = len(layers) * base.config.get_text_config(decoder=True).hidden_size
 
     def add_hidden(batch: dict[str, list]) -> dict[str, list]:
         examples = [
@@ -58,10 +62,10 @@ def cache_hidden_states(
         out = base(
             input_ids=padded["input_ids"].to(base.device),
             attention_mask=padded["attention_mask"].to(base.device),
-            output_hidden_states=True,
+            output_hidden_states=list(layers),
             **skip_logits,
         )
-        states = out.hidden_states[-1].to(torch.float16).cpu()
+        states = torch.cat([out.hidden_states[i] for i in layers], dim=-1).to(torch.float16).cpu()
         columns = {"hidden_states": [s[: len(i)].numpy() for s, i in zip(states, batch["input_ids"], strict=True)]}
         if relabel:
             labels = base_labels(padded["labels"], out.logits.argmax(dim=-1).cpu())
@@ -69,7 +73,7 @@ def cache_hidden_states(
         return columns
 
     features = tokenized.features.copy()
-    features["hidden_states"] = datasets.Array2D(shape=(None, hidden_size), dtype="float16")
+    features["hidden_states"] = datasets.Array2D(shape=(None, width), dtype="float16")
     state = PartialState()
 
     def compute(examples: datasets.Dataset, folder: Path) -> None:

@@ -24,7 +24,8 @@ from hf_specdec import zoo
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
-from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory
+from hf_specdec.medusa.config import CONFIG_NAME
+from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory, state_layers
 from hf_specdec.serving.export import check_exportable, export_heads
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
@@ -36,7 +37,15 @@ from hf_specdec.trees.static import build_tree
 from hf_specdec.zoo import ZOO, drop_quantization_flags, load_model
 
 # What a checkpoint fixes about its heads: with --init_heads these come from it.
-_HEAD_SHAPE = ("num_heads", "num_layers", "head_type", "share_lm_head", "head_vocab_size", "head_intermediate_size")
+_HEAD_SHAPE = (
+    "num_heads",
+    "num_layers",
+    "head_type",
+    "share_lm_head",
+    "head_vocab_size",
+    "head_intermediate_size",
+    "feature_layers",
+)
 _CONFIG_NAME = {"head_intermediate_size": "intermediate_size"}  # what MedusaConfig calls it
 METRICS_NAME = "eval_metrics.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,10 +67,17 @@ class MedusaTrainingConfig:
             "help": "medusa: independent heads on the hidden state; recurrent: one drafter that also reads the "
             "tokens drafted before it (more accurate past the first depth); eagle: a one-layer decoder drafting the "
             "base's next features with its own attention over the whole context (EAGLE), trained unrolled to "
-            "--num_heads depths."
+            "--num_heads depths; eagle3: EAGLE-3's published architecture (one Llama layer over three fused base "
+            "layers, its own lm_head over a draft vocabulary: pair it with --head_vocab_size), loadable by vLLM "
+            "and SGLang after `hf-specdec export`."
         },
     )
-    share_lm_head: bool = field(default=True, metadata={"help": "Heads project with the base's lm_head."})
+    share_lm_head: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Heads project with the base's lm_head (default: yes, except EAGLE-3 heads, which never do)."
+        },
+    )
     head_vocab_size: int | None = field(
         default=None,
         metadata={
@@ -72,6 +88,13 @@ class MedusaTrainingConfig:
     head_intermediate_size: int | None = field(
         default=None,
         metadata={"help": "EAGLE heads: their decoder's MLP width (default: the base's; narrower trains faster)."},
+    )
+    feature_layers: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "EAGLE-3 heads: the base's hidden states they fuse (indices of output_hidden_states; default: "
+            "the inputs of layers 2, L // 2 and L - 3)."
+        },
     )
     init_heads: str | None = field(
         default=None,
@@ -148,7 +171,9 @@ class MedusaTrainingConfig:
             raise ValueError("--relabel_with_base and --self_distill both label with the base's own tokens: pass one.")
         if self.relabel_with_base and not self.cache_hidden_states:
             raise ValueError("--relabel_with_base labels the data in the hidden-state pass: add --cache_hidden_states.")
-        if self.head_type == "eagle" and self.lora:
+        if self.head_type == "eagle3" and self.feature_weight != 1.0:
+            raise ValueError("EAGLE-3 heads learn tokens only (no feature regression): drop --feature_weight.")
+        if self.head_type in ("eagle", "eagle3") and self.lora:
             raise ValueError("EAGLE heads draft from a frozen base's features: drop --lora.")
         if self.cache_hidden_states and self.lora:
             raise ValueError("Cached hidden states need a frozen base; they cannot be combined with --lora.")
@@ -172,6 +197,7 @@ class MedusaTrainingConfig:
             head_type=self.head_type,
             share_lm_head=self.share_lm_head,
             intermediate_size=self.head_intermediate_size,
+            feature_layers=self.feature_layers,
         )
 
     @property
@@ -247,7 +273,7 @@ def train_medusa(
         accuracy = rank_accuracies(metrics, medusa_config.num_heads)
         medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(medusa_config.num_heads)]
         medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in accuracy]
-        if medusa_config.head_type != "eagle":  # EAGLE heads grow their trees per row and step
+        if medusa_config.head_type not in ("eagle", "eagle3"):  # EAGLE heads grow their trees per row and step
             medusa_config.tree = [list(path) for path in build_tree(accuracy, config.tree_nodes).choices]
         medusa_config.extra.update(
             training_data=config.data,
@@ -340,9 +366,10 @@ def _tokenize_part(
             batch_size=config.distill_batch_size,
             max_length=config.max_length,
             messages_column=config.messages_column,
+            layers=state_layers(_heads_config(config), base),
         )
         # EAGLE heads read the prompt's tokens too; the other heads read the labelled ones only.
-        return distilled if config.head_type == "eagle" else distilled.remove_columns("input_ids")
+        return distilled if config.head_type in ("eagle", "eagle3") else distilled.remove_columns("input_ids")
     if config.self_distill:
         records = self_distill(
             base,
@@ -366,6 +393,8 @@ def _tokenize_part(
     # The states (and relabelled labels) depend on the base and its dtype as well as on the data.
     base_id = hashlib.sha256(f"{base.name_or_path}|{base.dtype}".encode()).hexdigest()[:8]
     name = f"{tokenized._fingerprint}-{base_id}" + ("-relabeled" if config.relabel_with_base else "")
+    if (layers := state_layers(_heads_config(config), base)) != (-1,):
+        name += "-layers" + "_".join(map(str, layers))
     # input_ids stay: with relabelled labels they tell where the data follows the base's own path, and
     # recurrent heads read them.
     return cache_hidden_states(
@@ -374,6 +403,7 @@ def _tokenize_part(
         output_dir / "hidden_states" / name,
         tokenizer.pad_token_id,
         relabel=config.relabel_with_base,
+        layers=state_layers(_heads_config(config), base),
     )
 
 
@@ -384,6 +414,13 @@ def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: li
         token_ids, coverage = _draft_vocabulary(labels, base, config.head_vocab_size)
         medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
     return MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids)
+
+
+def _heads_config(config: MedusaTrainingConfig) -> MedusaConfig:
+    """The config of the heads this run trains: the warm start's own, or the fresh heads' settings."""
+    if config.init_heads is not None and (local_directory(config.init_heads) / CONFIG_NAME).exists():
+        return MedusaConfig.from_pretrained(local_directory(config.init_heads))
+    return config.head_config()
 
 
 def _warm_start(init_heads: str, base: PreTrainedModel) -> MedusaForCausalLM:

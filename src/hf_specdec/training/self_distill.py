@@ -151,9 +151,11 @@ def self_distill_with_states(
     batch_size: int = 8,
     max_length: int | None = None,
     messages_column: str | None = None,
+    layers: tuple[int, ...] = (-1,),
 ) -> datasets.Dataset:
     """Self-distillation that keeps the base's last hidden states from its own generation, so Medusa-1 heads
-    train without a second forward over the replies.
+    train without a second forward over the replies. `layers` chooses other hidden states (indices of
+    `output_hidden_states`), concatenated in that order (EAGLE-3 heads: `SequenceHeads.state_layers`).
 
     Returns (and saves under `directory`, one shard per batch, so an interrupted run resumes) a data set with
     `input_ids` (the prompt rendered with the chat template, then the reply exactly as the base wrote it,
@@ -169,14 +171,16 @@ def self_distill_with_states(
     settings = [base.name_or_path, str(base.dtype), records._fingerprint, max_new_tokens, batch_size, max_length]
     settings.append("longest-first")
     settings.append(getattr(tokenizer, "chat_template", None))
+    if layers != (-1,):
+        settings.append(list(layers))
     name = main_process_value(hashlib.sha256(json.dumps(settings, default=str).encode()).hexdigest()[:16])
     directory = Path(directory) / name
-    hidden_size = base.config.get_text_config(decoder=True).hidden_size
+    width = len(layers) * base.config.get_text_config(decoder=True).hidden_size
     features = datasets.Features(
         {
             "input_ids": datasets.Sequence(datasets.Value("int64")),
             "labels": datasets.Sequence(datasets.Value("int64")),
-            "hidden_states": datasets.Array2D(shape=(None, hidden_size), dtype="float16"),
+            "hidden_states": datasets.Array2D(shape=(None, width), dtype="float16"),
         }
     )
     eos_ids = torch.tensor(eos_token_ids(base), dtype=torch.long)
@@ -200,7 +204,7 @@ def self_distill_with_states(
                     return_dict_in_generate=True,
                     prefill_chunk_size=None,  # the first step's states must cover the whole prompt
                 )
-                rows = _rows_with_states(inputs["attention_mask"], out.sequences, out.hidden_states, eos_ids)
+                rows = _rows_with_states(inputs["attention_mask"], out.sequences, out.hidden_states, eos_ids, layers)
                 if max_length is not None:
                     rows = [{k: v[:max_length] for k, v in row.items()} for row in rows]
                 datasets.Dataset.from_list(rows, features=features).save_to_disk(str(shard))
@@ -214,12 +218,17 @@ def self_distill_with_states(
 
 
 def _rows_with_states(
-    attention_mask: torch.Tensor, sequences: torch.Tensor, steps: tuple, eos_ids: torch.Tensor
+    attention_mask: torch.Tensor,
+    sequences: torch.Tensor,
+    steps: tuple,
+    eos_ids: torch.Tensor,
+    layers: tuple[int, ...] = (-1,),
 ) -> list[dict[str, Any]]:
-    """Unpad a generated batch into examples, with the last layer's state of every fed token."""
+    """Unpad a generated batch into examples, with the states of `layers` (concatenated) at every fed token."""
     prompt_length = attention_mask.shape[1]
-    # steps[0]: the prompt's layers (B, P, H); then one (B, 1, H) per generated token fed back.
-    states = torch.cat([steps[0][-1], *(step[-1] for step in steps[1:])], dim=1)  # (B, P + G - 1, H)
+    # steps[0]: the prompt's layers (B, P, H) each; then one (B, 1, H) per layer and generated token fed back.
+    per_step = [torch.cat([step[i] for i in layers], dim=-1) for step in steps]
+    states = torch.cat(per_step, dim=1)  # (B, P + G - 1, len(layers) * H)
     if states.shape[1] != sequences.shape[1] - 1:
         raise RuntimeError(f"Generation returned {states.shape[1]} states for {sequences.shape[1]} tokens.")
     rows = []
