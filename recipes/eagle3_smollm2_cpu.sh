@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# EAGLE-3 heads for SmolLM2-135M-Instruct on a CPU, from scratch, in one go: ShareGPT V3 prompts (from a PyPI wheel),
+# replies self-distilled by the base with its states kept (layers 2, 15 and 27 fused, and the last for the targets),
+# EAGLE-3's one layer trained unrolled to 4 depths on the base's distributions over an 8,192-token draft vocabulary.
+# In bfloat16. The heads load in vLLM and SGLang after `hf-specdec export OUT --to vllm` (docs/serving.md).
+# Rerun with the same OUTPUT_DIR to reuse the data (the self-distilled replies and states are kept).
+#   bash recipes/eagle3_smollm2_cpu.sh [OUTPUT_DIR]
+set -euo pipefail
+out=${1:-heads/smollm2-eagle3}
+data=$out/data
+mkdir -p "$data"
+pick=(--min-prompt-chars 20 --max-prompt-chars 400 --min-ascii 0.97)
+[ -s "$data/prompts.jsonl" ] || hf-specdec data --n 600 "${pick[@]}" --out "$data/prompts.jsonl"
+python "$(dirname "$0")/train_medusa.py" --base smollm2-135m --dtype bfloat16 \
+    --data "$data/prompts.jsonl" --self_distill --distill_max_new_tokens 128 --distill_batch_size 32 \
+    --cache_hidden_states --head_type eagle3 --num_heads 4 --soft_targets --head_vocab_size 8192 --max_length 320 \
+    --output_dir "$out" --num_train_epochs 4 --per_device_train_batch_size 8 --learning_rate 1e-3 \
+    --warmup_steps 20 --lr_scheduler_type cosine --bf16 --use_cpu --save_strategy no --report_to none \
+    --eval_fraction 0.05 --logging_steps 20
+echo "Heads in $out. Measure them: hf-specdec bench --target smollm2-135m --draft none --medusa $out --methods plain,medusa-16"
