@@ -139,12 +139,6 @@ class DecodingRun:
         # The target's last hidden state alone, when the drafter reads it (not every layer's).
         self.hidden_states: int | bool = -1 if self.drafter.needs_hidden_states else False
         self.continuation = continuation
-        if continuation is not None and continuation.cached and getattr(self.drafter, "reads_prompt_states", False):
-            raise ValueError(
-                f"{type(self.drafter).__name__} reads the target's hidden state at every prompt position, which a "
-                "cache does not keep: call without `cache=` (the whole text is prefilled), or continue with plain "
-                "`generate()`."
-            )
         self.buffer: TokenBuffer  # set by `prefill`
         self.outcome: StepOutcome  # the last step's, as host values
         self.last_token: torch.Tensor  # (A,) each active row's last committed token: the next tree's root

@@ -49,8 +49,6 @@ class EagleDrafter:
     """
 
     needs_hidden_states = True
-    #: The decoder layer is fed the target's hidden state at every prompt position (a cache to continue from has none).
-    reads_prompt_states = True
 
     def __init__(
         self,
@@ -87,11 +85,14 @@ class EagleDrafter:
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """Feed the head every prompt position but the last, with the token that follows it; the last one (the
-        feature that chose `first_token`) stays pending."""
+        feature that chose `first_token`) stays pending. Continuing a cache, `hidden` covers the new columns only:
+        the head's context starts there (at their logical positions), which can lower acceptance, not the output."""
         assert self._prompt is not None and hidden is not None
         input_ids, valid, positions = (t.to(self.device) for t in self._prompt)
         self._prompt = None
         following = torch.cat([input_ids[:, 1:], first_token[:, None].to(self.device)], dim=1)  # (B, P)
+        cut = input_ids.shape[1] - hidden.shape[1]  # the cached columns, which have no hidden state
+        input_ids, valid, positions, following = (t[:, cut:] for t in (input_ids, valid, positions, following))
         hidden = hidden.to(self.device)
         self.seq = CachedSequence(self.heads.decoder, input_ids.shape[0], self.device, self.reads)
         length = input_ids.shape[1]
