@@ -15,8 +15,9 @@ Each case draws, from a seed:
   own position limit, vocabulary size and dtype) drafting chains or trees, prompt lookup (up to 10**6 tokens), both,
   the target's own first layers (`assistant_early_exit=`, chains or trees, with or without lookup), a draft of
   another vocabulary drafting through text (word-level tokenizers sharing part of their words), and random
-  untrained heads of every head type (Medusa, recurrent, EAGLE) with static, dynamic and lookup trees;
-  always with fixed `speculative_costs`, so that a case is deterministic.
+  untrained heads of every head type (Medusa, recurrent, EAGLE) with static, dynamic and lookup trees, and a
+  target's own multi-token-prediction layers (`use_mtp=True`, chains or trees, on the architectures that declare
+  them: `tests/fuzz_mtp.py`); always with fixed `speculative_costs`, so that a case is deterministic.
 
 The property (`run_case`): on a float32 target the speculative output equals plain greedy `generate()`'s token for
 token, or the call raises a ValueError / TypeError with a non-empty message; when plain `generate()` raises, the
@@ -51,6 +52,7 @@ from transformers import logging as transformers_logging
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from tests.fuzz_mtp import MTP_WEIGHTS, attach_random_mtp, draw_mtp_options, mtp_config_kwargs
 
 PATHS = (
     "assistant",
@@ -62,6 +64,7 @@ PATHS = (
     "medusa",
     "medusa_dynamic",
     "medusa_lookup",
+    "mtp",
 )
 MAX_LOOKUP = 10**6  # the largest prompt_lookup_num_tokens / num_assistant_tokens drawn (memory)
 
@@ -85,12 +88,16 @@ class Arch:
     eager: bool = True  # runs with attn_implementation="eager" (transformers 5.24's MLA models do not)
     weight: int = 2  # how often it is drawn, relative
     extra: tuple[tuple[str, Any], ...] = ()  # fixed config fields (experts, ...)
+    mtp: int = 0  # the most multi-token-prediction layers its config declares (the `mtp` path draws these)
 
 
 _EXPERTS = (("num_local_experts", 4), ("num_experts_per_tok", 2))
 _MOE = (("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 16))
 _MLA = (("kv_lora_rank", 16), ("q_lora_rank", 16))  # qk_rope / qk_nope / v head dims follow head_dim
 _DEEPSEEK = (*_MLA, *_MOE[1:], ("n_routed_experts", 4), ("n_group", 1), ("topk_group", 1), ("first_k_dense_replace", 1))
+_GLM = (*_MOE[1:], ("n_routed_experts", 4), ("n_shared_experts", 1), ("n_group", 1), ("topk_group", 1))
+_ERNIE = (("moe_num_experts", 4), ("moe_k", 2), ("moe_intermediate_size", 16), ("moe_layer_start_index", 1))
+_INKLING = (*_MOE[1:], ("n_routed_experts", 4), ("n_shared_experts", 1), ("sliding_window_size", 4))
 
 ARCHS: dict[str, Arch] = {
     "llama": Arch("LlamaConfig", "LlamaForCausalLM", "llama", rope=True, weight=6),
@@ -143,6 +150,7 @@ ARCHS: dict[str, Arch] = {
         eager=False,
         weight=2,
         extra=_DEEPSEEK,
+        mtp=3,
     ),
     "minicpm3": Arch(
         "MiniCPM3Config", "MiniCPM3ForCausalLM", "llama", rope=True, kv_heads=False, eager=False, weight=1, extra=_MLA
@@ -175,6 +183,57 @@ ARCHS: dict[str, Arch] = {
     # Refused by design: recurrent state (Mamba), ALiBi (MPT).
     "mamba": Arch("MambaConfig", "MambaForCausalLM", "mamba", kv_heads=False, sdpa=False, weight=1),
     "mpt": Arch("MptConfig", "MptForCausalLM", "mpt", kv_heads=False, sdpa=False, weight=1),
+    # With multi-token-prediction layers: drawn by the `mtp` path alone (weight 0 here; `fuzz_mtp.MTP_WEIGHTS`).
+    "glm4_moe": Arch(
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        "llama",
+        rope=True,
+        head_dim=True,
+        partial=0.5,
+        weight=0,
+        extra=_GLM,
+        mtp=3,
+    ),
+    "param2moe": Arch(
+        "Param2MoeConfig", "Glm4MoeForCausalLM", "llama", rope=True, head_dim=True, weight=0, extra=_GLM, mtp=2
+    ),
+    "sarvam_moe": Arch(
+        "SarvamMoEConfig", "Glm4MoeForCausalLM", "llama", rope=True, head_dim=True, weight=0, extra=_GLM, mtp=2
+    ),
+    "sarvam_mla": Arch(
+        "SarvamMLAConfig",
+        "DeepseekV3ForCausalLM",
+        "llama",
+        rope=True,
+        kv_heads=False,
+        eager=False,
+        weight=0,
+        extra=_DEEPSEEK,
+        mtp=2,
+    ),
+    "ernie4_5_moe": Arch(
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        "llama",
+        rope=True,
+        head_dim=True,
+        weight=0,
+        extra=_ERNIE,
+        mtp=1,
+    ),
+    "mellum": Arch(
+        "MellumConfig",
+        "MellumForCausalLM",
+        "llama",
+        rope=True,
+        head_dim=True,
+        window="types",
+        weight=0,
+        extra=_MOE,
+        mtp=1,
+    ),
+    "inkling": Arch("InklingTextConfig", "InklingForCausalLM", "llama", head_dim=True, weight=0, extra=_INKLING, mtp=2),
 }
 
 
@@ -242,6 +301,10 @@ def config_kwargs(spec: ModelSpec) -> dict[str, Any]:
             kw["shared_expert_intermediate_size"] = 16
         if spec.arch == "lfm2":
             kw["layer_types"] = o.get("lfm2_layers", ["full_attention"] * spec.layers)
+        if spec.arch == "inkling":  # its sliding-window layers' heads
+            kw.update(swa_num_attention_heads=spec.heads, swa_num_key_value_heads=spec.kv_heads)
+            kw["swa_head_dim"] = spec.head_dim
+        kw.update(mtp_config_kwargs(spec.arch, o))
     elif arch.family == "gpt2":
         kw.update(n_embd=hidden, n_layer=spec.layers, n_head=spec.heads, n_positions=spec.positions)
         kw["initializer_range"] = spec.init
@@ -301,7 +364,7 @@ def config_kwargs(spec: ModelSpec) -> dict[str, Any]:
     # Rotary settings.
     if arch.rope and spec.rope is not None and not o.get("alibi"):
         rope = dict(spec.rope)
-        if spec.arch == "gemma3":
+        if spec.arch in ("gemma3", "mellum"):  # rope parameters by layer type
             sliding = o.get("sliding_rope") or {"rope_type": "default", "rope_theta": 10000.0}
             kw["rope_parameters"] = {"full_attention": rope, "sliding_attention": dict(sliding)}
         else:
@@ -352,7 +415,9 @@ def build_model(spec: ModelSpec) -> PreTrainedModel:
     if spec.sharpen != 1.0:
         with torch.no_grad():
             model.get_output_embeddings().weight.mul_(spec.sharpen)
-    return model.to(getattr(torch, spec.dtype))
+    model = model.to(getattr(torch, spec.dtype))
+    attach_random_mtp(model, spec.options)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -403,10 +468,12 @@ def draw_model_spec(
     specials: tuple[int | None, int | None, int | None],
     arch_name: str | None = None,
     draft: bool = False,
+    mtp: bool = False,
 ) -> ModelSpec:
-    """A random model spec whose config builds (redrawn otherwise)."""
+    """A random model spec whose config builds (redrawn otherwise); with `mtp`, of an architecture with
+    multi-token-prediction layers, some attached."""
     for _ in range(50):
-        name = arch_name or _weighted(rng, {n: a.weight for n, a in ARCHS.items()})
+        name = arch_name or _weighted(rng, MTP_WEIGHTS if mtp else {n: a.weight for n, a in ARCHS.items()})
         arch = ARCHS[name]
         heads = rng.choice([2, 4])
         head_dim = rng.choice([8, 16] if heads == 4 else [8, 16, 16])
@@ -470,6 +537,8 @@ def draw_model_spec(
             o["logits_scaling"] = rng.choice([1.0, 4.0])
         if name == "gpt_neox":
             o["parallel"] = rng.random() < 0.5
+        if mtp and arch.mtp:
+            draw_mtp_options(rng, name, arch.mtp, o)
         if works(spec):
             return spec
         arch_name = arch_name if arch_name and rng.random() < 0.8 else None
@@ -742,6 +811,17 @@ def _draw_heads(rng: random.Random, case: Case) -> None:
         _lookup_kwargs(rng, kw)
 
 
+def _mtp_kwargs(rng: random.Random, case: Case, kw: dict[str, Any]) -> None:
+    """`use_mtp=True`: chains, or trees (grown from a single MTP layer; with several, refused)."""
+    kw["use_mtp"] = True
+    if rng.random() < (0.5 if case.target.options.get("mtp_layers") == 1 else 0.05):
+        kw["tree"] = rng.randint(1, 16) if rng.random() < 0.5 else _dynamic_tree(rng)
+    if rng.random() < 0.5:
+        kw["num_assistant_tokens_schedule"] = rng.choice(["constant", "adaptive"])
+    if rng.random() < 0.03:  # refused: prompt lookup is a drafter of its own
+        kw["prompt_lookup_num_tokens"] = rng.randint(1, 10)
+
+
 def draw_case(path: str, seed: str) -> Case:
     """One random case of `path`, a function of `seed` alone."""
     if path not in PATHS:
@@ -750,7 +830,7 @@ def draw_case(path: str, seed: str) -> Case:
     size = rng.randint(64, 300)
     specials = _specials(rng, size)
     rows = size if rng.random() < 0.6 else size + rng.randint(1, 40)
-    target = draw_model_spec(rng, rows, specials)
+    target = draw_model_spec(rng, rows, specials, mtp=path == "mtp")
     if rng.random() < 0.08:
         target.dtype = "bfloat16"
     limit = learned_limit(target)
@@ -817,6 +897,8 @@ def draw_case(path: str, seed: str) -> Case:
             _chain_kwargs(rng, kw)
         if rng.random() < 0.3:
             _lookup_kwargs(rng, kw, schedule=False)
+    elif path == "mtp":
+        _mtp_kwargs(rng, case, kw)
     else:
         _draw_heads(rng, case)
     if rng.random() < 0.15:  # the speculative call only: plain decoding keeps its dynamic cache as the reference
@@ -1138,7 +1220,8 @@ def describe(case: Case) -> str:
     t = case.target
     rope = (t.rope or {}).get("rope_type", "none") if ARCHS[t.arch].rope else "-"
     parts = [
-        f"{t.arch} L{t.layers} h{t.hidden} rope={rope} pos={t.positions} win={t.window}",
+        f"{t.arch} L{t.layers} h{t.hidden} rope={rope} pos={t.positions} win={t.window}"
+        + (f" mtp={t.options['mtp_layers']}" if t.options.get("mtp_layers") else ""),
         f"rows={t.rows}/{case.tokenizer_size}",
         f"{t.dtype} {t.attn} tied={t.tied} bos/eos/pad={t.bos}/{t.eos}/{t.pad}",
         f"batch={len(case.input_ids)}x{len(case.input_ids[0])} mask={'yes' if case.attention_mask else 'no'}",

@@ -361,12 +361,17 @@ def test_a_fresh_cache_is_filled_on_the_heads_path(models, base, head_type: str,
     assert cache.get_seq_length() == plain_cache.get_seq_length()
 
 
-def test_eagle_heads_refuse_a_cache_holding_tokens(models, base) -> None:
-    cache = DynamicCache()
-    out = _generate(base, cache=cache)
-    mask = torch.ones_like(out)
-    with pytest.raises(ValueError, match="hidden state at every prompt position"):
-        _generate(models["eagle"], medusa=True, input_ids=out, attention_mask=mask, cache=cache)
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_a_cache_holding_tokens_is_continued_on_the_heads_path(models, base, head_type: str) -> None:
+    plain_cache, cache = DynamicCache(), DynamicCache()
+    first = _generate(base, cache=plain_cache)
+    assert torch.equal(_generate(base, cache=cache), first)
+    mask = torch.cat(
+        [ragged_batch(2)[1], torch.ones(2, first.shape[1] - ragged_batch(2)[1].shape[1], dtype=torch.long)], 1
+    )
+    expected = _generate(base, input_ids=first, attention_mask=mask, cache=plain_cache)
+    out = _generate(models[head_type], medusa=True, input_ids=first, attention_mask=mask, cache=cache)
+    assert torch.equal(out, expected)
 
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)

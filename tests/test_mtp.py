@@ -84,8 +84,11 @@ ARCHITECTURES = {
 }
 
 
-def tiny_mtp_model(architecture: str, num_mtp_layers: int, vocab: int, seed: int = 0) -> PreTrainedModel:
-    """A seeded random float32 model of `architecture` with `num_mtp_layers` random MTP layers attached."""
+def tiny_mtp_model(
+    architecture: str, num_mtp_layers: int, vocab: int, seed: int = 0, **overrides: Any
+) -> PreTrainedModel:
+    """A seeded random float32 model of `architecture` with `num_mtp_layers` random MTP layers attached
+    (`overrides`: config fields)."""
     torch.manual_seed(seed)
     config = AutoConfig.for_model(
         architecture,
@@ -97,7 +100,7 @@ def tiny_mtp_model(architecture: str, num_mtp_layers: int, vocab: int, seed: int
         max_position_embeddings=256,
         pad_token_id=PAD,
         eos_token_id=None,  # rows run to the length limit unless a test sets an EOS
-        **{"num_attention_heads": 4, "num_key_value_heads": 2, **ARCHITECTURES[architecture]},
+        **{"num_attention_heads": 4, "num_key_value_heads": 2, **ARCHITECTURES[architecture], **overrides},
     )
     model = AutoModelForCausalLM.from_config(config).eval()
     mtp = MtpModel(model, num_mtp_layers).eval()
@@ -464,6 +467,16 @@ def test_a_model_without_mtp_layers_is_refused() -> None:
     zero.config.num_mtp_layers = 0
     with pytest.raises(ValueError, match="no multi-token-prediction layers"):
         mtp_layers(AutoModelForCausalLM.from_config(zero.config))
+
+
+def test_an_mtp_layer_of_a_kind_without_rotary_frequencies_is_refused() -> None:
+    """The shared rotary embedding holds frequencies for the model's own layer kinds only: a sliding-window MTP
+    layer on a model of full-attention layers is refused before decoding, not failed with a KeyError."""
+    full = {"layer_types": ["full_attention"] * 2, "mtp_layer_types": ["sliding_attention"]}
+    model = tiny_mtp_model("mellum", 1, vocab=16, **full)
+    for extra in ({}, {"tree": 4}):
+        with pytest.raises(ValueError, match="MTP layer 0 is a 'sliding_attention' layer"):
+            routed_generate(model, torch.tensor([[1, 2, 3]]), use_mtp=True, max_new_tokens=3, **extra)
 
 
 def test_trees_need_a_single_mtp_layer() -> None:

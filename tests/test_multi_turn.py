@@ -13,7 +13,11 @@ from transformers.cache_utils import DynamicLayer
 
 import hf_specdec
 from hf_specdec import MedusaConfig, MedusaForCausalLM
-from tests.tiny_models import PAD, ragged_batch, tiny_model
+from hf_specdec.generation.decisions import SpeculativeCosts
+from tests.test_eagle import _eagle
+from tests.test_eagle3 import _eagle3
+from tests.test_mtp import tiny_mtp_model
+from tests.tiny_models import PAD, VOCAB, ragged_batch, tiny_model
 
 NEW = 10
 
@@ -155,6 +159,44 @@ def test_medusa_heads_continue_a_conversation() -> None:
     assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
 
 
+# Drafters that read the target's hidden states: continuing a cache, their context starts at the new turn.
+FREE = SpeculativeCosts(0.0, 0.0)  # every step drafts, whatever the clock says
+HIDDEN_STATE_PATHS = {
+    "eagle": lambda: (_eagle("llama"), {"medusa": True}),
+    "eagle-lookup": lambda: (_eagle("llama"), {"medusa": True, "prompt_lookup_num_tokens": 3}),
+    "eagle3": lambda: (_eagle3("qwen2"), {"medusa": True}),
+    "mtp-chain": lambda: (tiny_mtp_model("glm4_moe", 2, VOCAB, seed=3), {"use_mtp": True}),
+    "mtp-tree": lambda: (tiny_mtp_model("deepseek_v3", 1, VOCAB, seed=3), {"use_mtp": True, "tree": 6}),
+}
+
+
+def _hidden_state_generate(path: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Plain `generate()` of the path's target, and the path's speculative `generate()`."""
+    model, extra = HIDDEN_STATE_PATHS[path]()
+    if isinstance(model, MedusaForCausalLM):
+        return model.base.generate, lambda **kw: model.generate(**kw, **extra, speculative_costs=FREE)
+    return model.generate, lambda **kw: hf_specdec.speculative_generate(model, **kw, **extra, speculative_costs=FREE)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("path", sorted(HIDDEN_STATE_PATHS))
+def test_drafters_reading_hidden_states_continue_a_conversation(path: str, batch: int) -> None:
+    plain_generate, generate = _hidden_state_generate(path)
+    plain = _conversation(plain_generate, batch, DynamicCache())
+    ours = _conversation(generate, batch, DynamicCache())
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("path", sorted(HIDDEN_STATE_PATHS))
+def test_drafters_reading_hidden_states_continue_a_plain_first_turn(path: str, batch: int) -> None:
+    plain_generate, generate = _hidden_state_generate(path)
+    plain = _conversation(plain_generate, batch, DynamicCache())
+    calls = iter([plain_generate, generate, generate])
+    ours = _conversation(lambda **kw: next(calls)(**kw), batch, DynamicCache())
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
+
+
 def test_refusals() -> None:
     target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1, num_layers=1)
     ids, _ = _first_turn(1)
@@ -176,6 +218,3 @@ def test_refusals() -> None:
     other.layers = [Quantised() for _ in other.layers]
     with pytest.raises(ValueError, match=r"cache of \['Quantised'\] layers cannot be continued"):
         hf_specdec.speculative_generate(target, input_ids=ids, cache=other, assistant=draft, max_new_tokens=2)
-    eagle = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2, head_type="eagle"))
-    with pytest.raises(ValueError, match="hidden state at every prompt position"):
-        eagle.generate(input_ids=torch.cat([ids, ids], 1)[:, :14], cache=cache, medusa=True, max_new_tokens=2)

@@ -43,8 +43,6 @@ class MtpDrafter:
     """
 
     hidden_state_layers = (-1,)
-    #: The MTP layers are fed the target's hidden state at every prompt position (a cache to continue from has none).
-    reads_prompt_states = True
 
     def __init__(self, context: DraftingContext, mtp: MtpModel) -> None:
         self.steps = [MtpLayerStep(mtp, k) for k in range(len(mtp.layers))]
@@ -79,12 +77,15 @@ class MtpDrafter:
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """Feed every layer the prompt slots whose tokens it reads are all known; the last prompt slot (whose
-        hidden state chose `first_token`) stays pending."""
+        hidden state chose `first_token`) stays pending. Continuing a cache, `hidden` covers the new columns only:
+        the layers' context starts there (at their logical positions), which can lower acceptance, not the output."""
         assert self._prompt is not None and hidden is not None
         input_ids, valid, positions = (t.to(self.device) for t in self._prompt)
         self._prompt = None
-        batch, length = input_ids.shape
         following = torch.cat([input_ids[:, 1:], first_token[:, None].to(self.device)], dim=1)  # (B, L)
+        cut = input_ids.shape[1] - hidden.shape[1]  # the cached columns, which have no hidden state
+        input_ids, valid, positions, following = (t[:, cut:] for t in (input_ids, valid, positions, following))
+        batch, length = input_ids.shape
         hidden = hidden.to(self.device, self.steps[0].dtype)
         self.seqs = [layer_sequence(step, batch, self.device, self.reads) for step in self.steps]
         self.carried, self.carried_valid = [], []

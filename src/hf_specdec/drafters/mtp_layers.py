@@ -86,6 +86,8 @@ class MtpLayerStep(nn.Module):
         layer_types = getattr(mtp.config, "layer_types", None)
         self.layer_type: str | None = layer_types[index] if layer_types is not None else None
         self.rope_kwargs = {"layer_type": self.layer_type} if mtp.has_per_layer_rope else {}
+        if self.rope_kwargs:
+            check_rope_layer_type(mtp, index, self.layer_type)
         self.hidden_size = int(mtp.config.hidden_size)
 
     @property
@@ -118,6 +120,20 @@ class MtpLayerStep(nn.Module):
         if self.shared_post_norm is not None:
             hidden = self.shared_post_norm(hidden)
         return BaseModelOutputWithPast(last_hidden_state=hidden)
+
+
+def check_rope_layer_type(mtp: MtpModel, index: int, layer_type: str | None) -> None:
+    """Refuse an MTP layer of an attention kind the model's shared rotary embedding holds no frequencies for
+    (it builds them for the kinds of the model's own layers: a model whose layers are all full attention with
+    a sliding-window MTP layer), which transformers' MTP layers cannot run either."""
+    known = getattr(mtp.rotary_emb, "rope_type", None)
+    if isinstance(known, dict) and layer_type not in known:
+        raise ValueError(
+            f"MTP layer {index} is a {layer_type!r} layer, but the model's rotary embedding holds frequencies for "
+            f"its own layers' kinds only ({sorted(known)}), so the MTP layer has no positions to attend with "
+            "(transformers' MTP layers fail the same way). Decode this model without `use_mtp=True`, or give its "
+            "MTP layers the kind of its own layers (`mtp_layer_types`)."
+        )
 
 
 def mtp_logits(mtp: MtpModel, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -13,7 +13,9 @@ the last, in order.
   windows): one forward of the target over the generated tokens on the caller's cache, with the attention mask and
   positions plain decoding uses, writes the slots it would have written.
 
-The draft model's cache is rebuilt from the whole conversation at each call (one prefill of the draft).
+The draft model's cache is rebuilt from the whole conversation at each call (one prefill of the draft). Drafters
+that read the target's hidden states (EAGLE heads, MTP layers) get them for the new columns only, where their own
+context then starts (at the true positions): a shorter context, which can lower acceptance, never the tokens.
 """
 
 from __future__ import annotations

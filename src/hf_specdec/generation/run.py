@@ -140,12 +140,6 @@ class DecodingRun:
         # The target's hidden states the drafter reads (its last one, or a few layers'), never every layer's.
         self.hidden_states: list[int] | bool = list(self.drafter.hidden_state_layers) or False
         self.continuation = continuation
-        if continuation is not None and continuation.cached and getattr(self.drafter, "reads_prompt_states", False):
-            raise ValueError(
-                f"{type(self.drafter).__name__} reads the target's hidden state at every prompt position, which a "
-                "cache does not keep: call without `cache=` (the whole text is prefilled), or continue with plain "
-                "`generate()`."
-            )
         self.buffer: TokenBuffer  # set by `prefill`
         self.outcome: StepOutcome  # the last step's, as host values
         self.last_token: torch.Tensor  # (A,) each active row's last committed token: the next tree's root

@@ -27,7 +27,7 @@ from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
-from hf_specdec.medusa.eagle import EagleHeads
+from hf_specdec.medusa.sequence_heads import SequenceHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
@@ -40,7 +40,7 @@ class EagleDrafter:
 
     Args:
         context (`DraftingContext`): the loop's context (the base's lm_head and embeddings are read).
-        heads (`EagleHeads` or `MtpFeatureHead`): the head (a model's own MTP layer drives the same way).
+        heads (`SequenceHeads` or `MtpFeatureHead`): the head (a model's own MTP layer drives the same way).
         tree (`DynamicTree`): the tree to grow, with its depth set.
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as far as the measured acceptance of its matches pays for verifying it.
@@ -48,13 +48,10 @@ class EagleDrafter:
             whole.
     """
 
-    #: The decoder layer is fed the target's hidden state at every prompt position (a cache to continue from has none).
-    reads_prompt_states = True
-
     def __init__(
         self,
         context: DraftingContext,
-        heads: EagleHeads | MtpFeatureHead,
+        heads: SequenceHeads | MtpFeatureHead,
         tree: DynamicTree,
         prompt_lookup: PromptLookupDrafter | None = None,
         adaptive: bool = True,
@@ -87,11 +84,14 @@ class EagleDrafter:
 
     def start(self, first_token: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """Feed the head every prompt position but the last, with the token that follows it; the last one (the
-        feature that chose `first_token`) stays pending."""
+        feature that chose `first_token`) stays pending. Continuing a cache, `hidden` covers the new columns only:
+        the head's context starts there (at their logical positions), which can lower acceptance, not the output."""
         assert self._prompt is not None and hidden is not None
         input_ids, valid, positions = (t.to(self.device) for t in self._prompt)
         self._prompt = None
         following = torch.cat([input_ids[:, 1:], first_token[:, None].to(self.device)], dim=1)  # (B, P)
+        cut = input_ids.shape[1] - hidden.shape[1]  # the cached columns, which have no hidden state
+        input_ids, valid, positions, following = (t[:, cut:] for t in (input_ids, valid, positions, following))
         hidden = hidden.to(self.device)
         self.seq = CachedSequence(self.heads.decoder, input_ids.shape[0], self.device, self.reads)
         length = input_ids.shape[1]
