@@ -90,16 +90,13 @@ def heads_config(folder: Path, what: str) -> MedusaConfig:
     Raises:
         `ValueError`: when `folder` holds no heads.
     """
-    from hf_specdec.serving.importer import read_heads
+    from hf_specdec.serving.importer import no_heads_message, read_heads
 
     if (folder / CONFIG_NAME).exists():
         return MedusaConfig.from_pretrained(folder)
     imported = read_heads(folder)
     if imported is None:
-        raise ValueError(
-            f"{what} {folder} holds no heads (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt or "
-            ".safetensors, or vLLM's Medusa layout): pass the folder a training run or save_pretrained wrote"
-        )
+        raise ValueError(no_heads_message(folder, f"{what} {folder} holds no heads"))
     return imported.config
 
 
