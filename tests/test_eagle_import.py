@@ -310,3 +310,23 @@ def test_drafts_this_library_cannot_compute_are_refused_with_the_reason(tmp_path
     write_eagle1(tmp_path / "input-norm", weights)
     with pytest.raises(ValueError, match=r"unexpected key 'layers\.0\.input_layernorm\.weight'"):
         MedusaForCausalLM.from_pretrained(tmp_path / "input-norm", base_model=_base())
+
+
+def test_eagle1_options_belong_to_eagle_heads() -> None:
+    from hf_specdec import MedusaConfig
+
+    for options in ({"input_norms": False}, {"fc_bias": True}):
+        with pytest.raises(ValueError, match="describe EAGLE heads' input"):
+            MedusaConfig(head_type="eagle3", **options)
+    with pytest.raises(TypeError, match="input_norms must be True or False"):
+        MedusaConfig(head_type="eagle", input_norms="no")
+    base = tiny_model("qwen2", seed=0, sharpen=4.0)  # EAGLE-1's options on a decoder of the base's architecture
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(head_type="eagle", input_norms=False, fc_bias=True))
+    assert model.heads.fc.bias is not None and isinstance(model.heads.token_norm, torch.nn.Identity)
+    assert isinstance(model.heads.decoder.layers[0].input_layernorm, torch.nn.Identity)
+    ids, mask = ragged_batch(2, seed=1)
+    kwargs = {"max_new_tokens": 20, "do_sample": False}
+    out = model.generate(input_ids=ids, attention_mask=mask, medusa=True, speculative_costs=FREE, **kwargs)
+    assert torch.equal(out, base.generate(input_ids=ids, attention_mask=mask, **kwargs))
+    with pytest.raises(ValueError, match="need a Llama-style decoder"):
+        MedusaForCausalLM.from_base(tiny_model("gpt2", seed=0), MedusaConfig(head_type="eagle", input_norms=False))
