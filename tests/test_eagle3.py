@@ -46,10 +46,13 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Ten
     return x * cos + half * sin
 
 
-def reference_eagle3_step(state: dict[str, torch.Tensor], config, embedded, fused, positions) -> torch.Tensor:
+def reference_eagle3_step(
+    state: dict[str, torch.Tensor], config, embedded, fused, positions, norm_before_residual: bool = False
+) -> torch.Tensor:
     """EAGLE-3's draft forward over one sequence, written from the paper's equations (causal attention over
     its own inputs): `fc` fuses the target's three states, the midlayer attends over
-    [input_layernorm(embedding); hidden_norm(g)] with residual g, then the MLP; returns the pre-norm output."""
+    [input_layernorm(embedding); hidden_norm(g)] with residual g (hidden_norm(g) with `norm_before_residual`, as
+    vLLM and speculators offer), then the MLP; returns the pre-norm output."""
     eps, heads, kv_heads = config.rms_norm_eps, config.num_attention_heads, config.num_key_value_heads
     d = config.head_dim
     g = fused @ state["fc.weight"].T  # (T, H)
@@ -70,7 +73,8 @@ def reference_eagle3_step(state: dict[str, torch.Tensor], config, embedded, fuse
     scores = q @ k.transpose(1, 2) / d**0.5
     scores = scores.masked_fill(~torch.ones(length, length, dtype=torch.bool).tril(), float("-inf"))
     attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * d)
-    a = g + attended @ state["midlayer.self_attn.o_proj.weight"].T
+    residual = _rms(g, state["midlayer.hidden_norm.weight"], eps) if norm_before_residual else g
+    a = residual + attended @ state["midlayer.self_attn.o_proj.weight"].T
     m = _rms(a, state["midlayer.post_attention_layernorm.weight"], eps)
     gate, up = m @ state["midlayer.mlp.gate_proj.weight"].T, m @ state["midlayer.mlp.up_proj.weight"].T
     return a + (functional.silu(gate) * up) @ state["midlayer.mlp.down_proj.weight"].T

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from hf_specdec import zoo
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
-from hf_specdec.serving.importer import ImportedHeads, read_heads
+from hf_specdec.serving.importer import ImportedEagle, ImportedHeads, no_heads_message, read_heads
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
 ADAPTER_FOLDER = "base_adapter"
@@ -50,21 +50,22 @@ class Checkpoint:
             `bind` decides whether their projection is the base's own).
         config_file (`Path`): the file their config came from, for messages.
         weights_file (`Path`): the file (or, for other layouts, the folder) their weights came from.
-        imported (`ImportedHeads`, *optional*): heads of another layout (see `hf_specdec.serving.importer`).
+        imported (`ImportedHeads` or `ImportedEagle`, *optional*): heads of another layout (see
+            `hf_specdec.serving.importer`).
     """
 
     config: MedusaConfig
     state: dict[str, torch.Tensor]
     config_file: Path
     weights_file: Path
-    imported: ImportedHeads | None = None
+    imported: ImportedHeads | ImportedEagle | None = None
 
     def bind(self, base: PreTrainedModel) -> tuple[MedusaConfig, dict[str, torch.Tensor]]:
         """The config and weights for heads on `base` (for other layouts, a stored projection equal to the base's
         lm_head becomes `share_lm_head=True`)."""
         if self.imported is None:
             return self.config, self.state
-        return self.imported.bind(base.get_output_embeddings().weight)
+        return self.imported.bind(base.get_output_embeddings().weight, base.get_input_embeddings().weight)
 
 
 def local_directory(
@@ -114,7 +115,7 @@ def local_directory(
 
 def read_checkpoint(directory: Path, source: str) -> Checkpoint:
     """The heads in `directory`: this library's (`medusa_config.json` and `medusa_heads.safetensors`), or another
-    layout's (FasterDecoding's, TGI's, TensorRT-LLM's, vLLM's).
+    layout's (FasterDecoding's, TGI's, TensorRT-LLM's, vLLM's, and published EAGLE-1, 2 and 3 drafts).
 
     Args:
         directory (`Path`): the folder.
@@ -130,10 +131,7 @@ def read_checkpoint(directory: Path, source: str) -> Checkpoint:
         return Checkpoint(config, read_weights(weights), directory / CONFIG_NAME, weights)
     imported = _read_other_layout(directory)
     if imported is None:
-        raise ValueError(
-            f"{source}: no heads there (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt "
-            "or .safetensors, or vLLM's Medusa layout). Pass a folder written by `save_pretrained` or a recipe run."
-        )
+        raise ValueError(no_heads_message(directory, f"{source}: no heads there") + ".")
     return Checkpoint(imported.config, imported.state, directory / "config.json", directory, imported)
 
 

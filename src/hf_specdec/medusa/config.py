@@ -50,9 +50,15 @@ class MedusaConfig:
             from the base.
         layer_config (`dict`, *optional*): EAGLE-3 heads: the config of their one layer (a `LlamaConfig` as a
             dict: width, attention heads, MLP width, norm epsilon, rope); `None`: derived from the base
-            (`hf_specdec.medusa.eagle3.eagle3_layer_config`), filled in when the heads are built.
+            (`hf_specdec.medusa.eagle3.eagle3_layer_config`), filled in when the heads are built. EAGLE heads:
+            when set, their decoder is Llama layers of this config (a published EAGLE-1 checkpoint's own) instead
+            of the base's architecture.
         norm_before_residual (`bool`): EAGLE-3 heads: start their layer's residual stream at the normed hidden state
             instead of the hidden state itself (a variant some published checkpoints use).
+        input_norms (`bool`): EAGLE heads: scale the token and the feature with RMS norms before their `fc` (the
+            library's design, default); `False`: EAGLE-1's, with no norm there nor on the decoder's first layer's
+            input (published EAGLE-1 and 2 checkpoints load so).
+        fc_bias (`bool`): EAGLE heads: give their `fc` a bias (EAGLE-1 and 2 as released for Llama-2 and Vicuna).
         base_model_name_or_path (`str`, *optional*): where `from_pretrained` loads the base from: a local
             folder, a name of `hf_specdec.zoo.ZOO` (fetched into the zoo's cache) or a Hub repository id.
         tree (`list[list[int]]`, *optional*): the default verification tree (Medusa "choices"); `None` means
@@ -74,6 +80,8 @@ class MedusaConfig:
     feature_layers: list[int] | None = None
     layer_config: dict[str, Any] | None = None
     norm_before_residual: bool = False
+    input_norms: bool = True
+    fc_bias: bool = False
     base_model_name_or_path: str | None = None
     tree: list[list[int]] | None = None
     measured_top1: list[float] | None = None
@@ -104,13 +112,21 @@ class MedusaConfig:
                 f"{self.intermediate_size!r} with head_type={self.head_type!r}: pass head_type='eagle' or 'eagle3', "
                 "or drop intermediate_size."
             )
-        _check_bool("norm_before_residual", self.norm_before_residual)
+        for name in ("norm_before_residual", "input_norms", "fc_bias"):
+            _check_bool(name, getattr(self, name))
+        _check_layer_config(self.layer_config)
+        if self.head_type != "eagle" and (not self.input_norms or self.fc_bias):
+            raise ValueError(
+                "MedusaConfig.input_norms and fc_bias describe EAGLE heads' input (EAGLE-1's has no norms, and a "
+                f"bias in some releases), but got head_type={self.head_type!r}: pass head_type='eagle' or drop them."
+            )
         if self.head_type == "eagle3":
             _check_eagle3(self)
-        elif self.norm_before_residual or self.layer_config is not None:
+        elif self.norm_before_residual or (self.layer_config is not None and self.head_type != "eagle"):
             raise ValueError(
-                f"MedusaConfig.layer_config and norm_before_residual describe EAGLE-3 heads' layer, but got "
-                f"head_type={self.head_type!r}: pass head_type='eagle3' or drop them."
+                f"MedusaConfig.layer_config and norm_before_residual describe EAGLE-3 heads' layer (layer_config "
+                f"also an EAGLE head's decoder), but got head_type={self.head_type!r}: pass head_type='eagle3' "
+                "(or 'eagle' for layer_config) or drop them."
             )
         elif self.feature_layers is not None:
             raise ValueError(
@@ -235,10 +251,6 @@ def _check_eagle3(config: MedusaConfig) -> None:
             "EAGLE-3 heads project with their own lm_head over a draft vocabulary (as published): drop "
             "share_lm_head=True, or use head_type='eagle' to project with the base's lm_head."
         )
-    if config.layer_config is not None and not (
-        isinstance(config.layer_config, dict) and all(isinstance(key, str) for key in config.layer_config)
-    ):
-        raise _type_error("layer_config", config.layer_config, "a dict (a LlamaConfig's fields) or None")
     layers = config.feature_layers
     if layers is None:
         return
@@ -250,6 +262,13 @@ def _check_eagle3(config: MedusaConfig) -> None:
             f"i: the input of layer i), got {layers!r}."
         )
     config.feature_layers = list(layers)
+
+
+def _check_layer_config(layer_config: Any) -> None:
+    if layer_config is not None and not (
+        isinstance(layer_config, dict) and all(isinstance(key, str) for key in layer_config)
+    ):
+        raise _type_error("layer_config", layer_config, "a dict (a LlamaConfig's fields) or None")
 
 
 def _type_error(name: str, value: Any, takes: str) -> TypeError:

@@ -26,7 +26,7 @@ import copy
 
 import torch
 from torch import nn
-from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from hf_specdec.medusa.sequence_heads import SequenceHeads
 from hf_specdec.trees.dynamic import DynamicTree
@@ -68,6 +68,11 @@ class EagleHeads(SequenceHeads):
         embedding_size (`int`): the width of the base's input embeddings (its hidden size for most models).
         token_ids (`torch.LongTensor`, *optional*): the draft vocabulary; all `vocab_size` ids when `None`.
         intermediate_size (`int`, *optional*): the decoder's MLP width; the base's when `None`.
+        input_norms (`bool`): scale the token and the feature with RMS norms before `fc` (the library's design);
+            `False`: EAGLE-1's, `fc` reads them as they are and the decoder's first layer has no input norm.
+        fc_bias (`bool`): give `fc` a bias (EAGLE-1 and 2 as released for Llama-2 and Vicuna).
+        layer_config (`LlamaConfig`, *optional*): build the decoder as Llama layers of this config (a published
+            EAGLE-1 checkpoint's own) instead of the base's architecture.
     """
 
     def __init__(
@@ -81,18 +86,26 @@ class EagleHeads(SequenceHeads):
         embedding_size: int,
         token_ids: torch.Tensor | None = None,
         intermediate_size: int | None = None,
+        input_norms: bool = True,
+        fc_bias: bool = False,
+        layer_config: LlamaConfig | None = None,
     ) -> None:
         super().__init__(hidden_size, vocab_size, 0 if share_lm_head else 1, token_ids)
         if num_layers < 1:
             raise ValueError("EAGLE heads need at least one decoder layer: pass num_layers >= 1.")
         self.depth = num_heads
-        self.token_norm = nn.RMSNorm(embedding_size, eps=1e-6)
-        self.feature_norm = nn.RMSNorm(hidden_size, eps=1e-6)
-        self.fc = nn.Linear(embedding_size + hidden_size, hidden_size, bias=False)
-        self.decoder: PreTrainedModel = AutoModel.from_config(
-            decoder_config(base_config, num_layers, intermediate_size)
-        )
+        self.token_norm: nn.Module = nn.RMSNorm(embedding_size, eps=1e-6) if input_norms else nn.Identity()
+        self.feature_norm: nn.Module = nn.RMSNorm(hidden_size, eps=1e-6) if input_norms else nn.Identity()
+        self.fc = nn.Linear(embedding_size + hidden_size, hidden_size, bias=fc_bias)
+        if layer_config is None:
+            config = decoder_config(base_config, num_layers, intermediate_size)
+        else:
+            config = copy.deepcopy(layer_config)
+            config.num_hidden_layers = num_layers
+        self.decoder: PreTrainedModel = AutoModel.from_config(config)
         drop_final_norm(self.decoder)
+        if not input_norms:
+            drop_first_input_norm(self.decoder)
 
     def embed(self, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
         embedded = embeddings(tokens).to(device=self.fc.weight.device, dtype=self.dtype)
@@ -152,3 +165,16 @@ def drop_final_norm(decoder: PreTrainedModel) -> None:
         )
     parent, name = found[0]
     setattr(parent, name, nn.Identity())
+
+
+def drop_first_input_norm(decoder: PreTrainedModel) -> None:
+    """Replace the norm on the decoder's first layer's input by the identity, as EAGLE-1 does: the layer reads
+    `fc`'s output as it is (published EAGLE-1 checkpoints hold no `layers.0.input_layernorm`)."""
+    layers = getattr(decoder, "layers", None)
+    first = layers[0] if isinstance(layers, nn.ModuleList) and len(layers) else None
+    if first is None or not isinstance(getattr(first, "input_layernorm", None), nn.Module):
+        raise ValueError(
+            f"{type(decoder).__name__} has no `layers[0].input_layernorm`: EAGLE heads without input norms "
+            "(input_norms=False) need a Llama-style decoder (pass layer_config, or keep input_norms=True)."
+        )
+    first.input_layernorm = nn.Identity()

@@ -633,6 +633,9 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
             embedding_size,
             token_ids,
             config.intermediate_size,
+            config.input_norms,
+            config.fc_bias,
+            None if config.layer_config is None else layer_config_from_dict(config.layer_config, base.config),
         )
     if config.head_type == "recurrent":
         return RecurrentHeads(

