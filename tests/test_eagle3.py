@@ -8,11 +8,11 @@ import functools
 
 import pytest
 import torch
-from torch.nn import functional
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.medusa.eagle3 import Eagle3Heads, default_feature_layers
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
+from tests.eagle_reference import eagle3_step, rms
 from tests.test_medusa import _generate
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model
 
@@ -32,54 +32,6 @@ def _eagle3(arch: str = "llama", noise: float = 0.5, seed: int = 0, num_layers: 
     return model.eval()
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding as Llama applies it (halves rotated), for `x` `(heads, T, d)` at `positions` `(T,)`."""
-    d = x.shape[-1]
-    inverse = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    angles = positions[:, None].float() * inverse[None]  # (T, d/2)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
-    return x * cos + half * sin
-
-
-def reference_eagle3_step(
-    state: dict[str, torch.Tensor], config, embedded, fused, positions, norm_before_residual: bool = False
-) -> torch.Tensor:
-    """EAGLE-3's draft forward over one sequence, written from the paper's equations (causal attention over
-    its own inputs): `fc` fuses the target's three states, the midlayer attends over
-    [input_layernorm(embedding); hidden_norm(g)] with residual g (hidden_norm(g) with `norm_before_residual`, as
-    vLLM and speculators offer), then the MLP; returns the pre-norm output."""
-    eps, heads, kv_heads = config.rms_norm_eps, config.num_attention_heads, config.num_key_value_heads
-    d = config.head_dim
-    g = fused @ state["fc.weight"].T  # (T, H)
-    x = torch.cat(
-        [
-            _rms(embedded, state["midlayer.input_layernorm.weight"], eps),
-            _rms(g, state["midlayer.hidden_norm.weight"], eps),
-        ],
-        dim=-1,
-    )
-    length = x.shape[0]
-    q = (x @ state["midlayer.self_attn.q_proj.weight"].T).view(length, heads, d).transpose(0, 1)
-    k = (x @ state["midlayer.self_attn.k_proj.weight"].T).view(length, kv_heads, d).transpose(0, 1)
-    v = (x @ state["midlayer.self_attn.v_proj.weight"].T).view(length, kv_heads, d).transpose(0, 1)
-    theta = config.rope_parameters["rope_theta"]
-    q, k = _rotate(q, positions, theta), _rotate(k, positions, theta)
-    k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
-    scores = q @ k.transpose(1, 2) / d**0.5
-    scores = scores.masked_fill(~torch.ones(length, length, dtype=torch.bool).tril(), float("-inf"))
-    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * d)
-    residual = _rms(g, state["midlayer.hidden_norm.weight"], eps) if norm_before_residual else g
-    a = residual + attended @ state["midlayer.self_attn.o_proj.weight"].T
-    m = _rms(a, state["midlayer.post_attention_layernorm.weight"], eps)
-    gate, up = m @ state["midlayer.mlp.gate_proj.weight"].T, m @ state["midlayer.mlp.up_proj.weight"].T
-    return a + (functional.silu(gate) * up) @ state["midlayer.mlp.down_proj.weight"].T
-
-
 def _published_names(heads: Eagle3Heads) -> dict[str, torch.Tensor]:
     return {k.replace("decoder.layers.0.", "midlayer."): v for k, v in heads.state_dict().items()}
 
@@ -95,11 +47,9 @@ def test_first_depth_equals_the_published_equations() -> None:
         ours = heads.unroll(fused, tokens, base.get_input_embeddings(), depth=1)[0][0]
         following = torch.cat([tokens[0, 1:], tokens[0, :1]])  # the last position's token is never read
         embedded = base.get_input_embeddings()(following)
-        reference = reference_eagle3_step(
-            _published_names(heads), heads.decoder.config, embedded, fused[0], torch.arange(9)
-        )
+        reference = eagle3_step(_published_names(heads), heads.decoder.config, embedded, fused[0], torch.arange(9))
         logits = heads.project(ours, base.get_output_embeddings())
-        expected = _rms(reference, heads.norm.weight, heads.decoder.config.rms_norm_eps) @ heads.lm_head.weight.T
+        expected = rms(reference, heads.norm.weight, heads.decoder.config.rms_norm_eps) @ heads.lm_head.weight.T
     torch.testing.assert_close(ours[:-1], reference[:-1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits[:-1], expected[:-1], rtol=1e-4, atol=1e-5)
 

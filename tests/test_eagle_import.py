@@ -9,12 +9,12 @@ import logging
 
 import pytest
 import torch
-from torch.nn import functional
 from transformers import LlamaConfig
 
 from hf_specdec import DynamicTree, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.medusa.eagle import EagleHeads
 from hf_specdec.medusa.eagle3 import Eagle3Heads
+from tests.eagle_reference import eagle1_step, eagle3_step, rms
 from tests.published_drafts import (
     draft_vocabulary,
     eagle1_weights,
@@ -24,7 +24,6 @@ from tests.published_drafts import (
     write_eagle3,
     write_speculators,
 )
-from tests.test_eagle3 import _rms, _rotate, reference_eagle3_step
 from tests.tiny_models import ragged_batch, tiny_model
 
 FREE = SpeculativeCosts(0.0, 0.0)  # every step drafts and every tree grows to its depth, whatever the clock says
@@ -46,32 +45,6 @@ def _following(tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([tokens[0, 1:], tokens[0, :1]])
 
 
-def reference_eagle1_step(state: dict[str, torch.Tensor], config, embedded, feature, positions) -> torch.Tensor:
-    """EAGLE-1's draft forward over one sequence, from its equations: `h = fc([e(token_{t+1}); f_t])` (with its
-    bias), then one Llama layer with no input norm (causal attention over h, residual h, then the MLP), no final
-    norm; returns the predicted feature, which the base's lm_head projects."""
-    eps, heads, kv_heads, d = (
-        config.rms_norm_eps,
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.head_dim,
-    )
-    h = torch.cat([embedded, feature], dim=-1) @ state["fc.weight"].T + state.get("fc.bias", 0.0)
-    length = h.shape[0]
-    q = (h @ state["layers.0.self_attn.q_proj.weight"].T).view(length, heads, d).transpose(0, 1)
-    k = (h @ state["layers.0.self_attn.k_proj.weight"].T).view(length, kv_heads, d).transpose(0, 1)
-    v = (h @ state["layers.0.self_attn.v_proj.weight"].T).view(length, kv_heads, d).transpose(0, 1)
-    theta = config.rope_parameters["rope_theta"]
-    q, k = _rotate(q, positions, theta), _rotate(k, positions, theta)
-    k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
-    scores = (q @ k.transpose(1, 2) / d**0.5).masked_fill(~torch.ones(length, length).bool().tril(), float("-inf"))
-    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * d)
-    a = h + attended @ state["layers.0.self_attn.o_proj.weight"].T
-    m = _rms(a, state["layers.0.post_attention_layernorm.weight"], eps)
-    gate, up = m @ state["layers.0.mlp.gate_proj.weight"].T, m @ state["layers.0.mlp.up_proj.weight"].T
-    return a + (functional.silu(gate) * up) @ state["layers.0.mlp.down_proj.weight"].T
-
-
 def _check_eagle3(model, weights: dict, layer_ids: list[int], norm_before_residual: bool, prefix: str) -> None:
     """The loaded heads' first depth (features and draft-vocabulary logits) against EAGLE-3's equations."""
     heads, base = model.heads, model.base
@@ -84,8 +57,8 @@ def _check_eagle3(model, weights: dict, layer_ids: list[int], norm_before_residu
         ours = heads.unroll(fused, tokens, base.get_input_embeddings(), depth=1)[0][0]
         logits = heads.project(ours, base.get_output_embeddings())
         embedded = base.get_input_embeddings()(_following(tokens))
-        expected = reference_eagle3_step(published, config, embedded, fused[0], torch.arange(9), norm_before_residual)
-        expected_logits = _rms(expected, weights["norm.weight"], config.rms_norm_eps) @ weights["lm_head.weight"].T
+        expected = eagle3_step(published, config, embedded, fused[0], torch.arange(9), norm_before_residual)
+        expected_logits = rms(expected, weights["norm.weight"], config.rms_norm_eps) @ weights["lm_head.weight"].T
     torch.testing.assert_close(ours[:-1], expected[:-1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits[:-1], expected_logits[:-1], rtol=1e-4, atol=1e-5)
     if "d2t" in weights:
@@ -134,7 +107,7 @@ def test_eagle1_release_computes_the_published_equations(tmp_path, bias: bool, p
         ours = heads.unroll(feature, tokens, base.get_input_embeddings(), depth=1)[0][0]
         logits = heads.project(ours, base.get_output_embeddings())
         embedded = base.get_input_embeddings()(_following(tokens))
-        expected = reference_eagle1_step(weights, config, embedded, feature[0], torch.arange(9))
+        expected = eagle1_step(weights, config, embedded, feature[0], torch.arange(9))
         expected_logits = base.get_output_embeddings()(expected)
     torch.testing.assert_close(ours[:-1], expected[:-1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits[:-1], expected_logits[:-1], rtol=1e-4, atol=1e-5)
