@@ -85,6 +85,24 @@ def test_random_eagle3_heads_keep_plain_greedy(arch: str, batch: int) -> None:
     assert out.speculative.summary()["drafted_tokens"] > 0
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_qwen3_target_keeps_plain_greedy(batch: int) -> None:
+    """Qwen3 (q/k norms in the target's attention): the heads' own layer stays Llama's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.tiny_models import _llama_like
+
+    torch.manual_seed(0)
+    base = _llama_like(Qwen3Config, Qwen3ForCausalLM, head_dim=16)(4).eval()
+    with torch.no_grad():
+        base.lm_head.weight.mul_(4.0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(head_type="eagle3", num_heads=3)).eval()
+    ids, mask = ragged_batch(batch, seed=batch)
+    out = _generate(model, ids, mask, medusa=True, return_dict_in_generate=True, speculative_costs=FREE)
+    assert torch.equal(out.sequences, _generate(base, ids, mask))
+    assert out.speculative.summary()["drafted_tokens"] > 0
+
+
 def test_verification_asks_for_the_fused_layers_only(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _eagle3("llama", num_layers=6)
     asked: list[object] = []
