@@ -266,6 +266,14 @@ def test_errors_say_what_to_do() -> None:
     with pytest.raises(TypeError, match="feature_layers"):
         MedusaConfig(head_type="eagle3", feature_layers=[1, "2"])
     assert MedusaConfig(head_type="eagle3").share_lm_head is False and MedusaConfig().share_lm_head is True
+    with pytest.raises(ValueError, match="describe EAGLE-3 heads' layer"):
+        MedusaConfig(head_type="recurrent", norm_before_residual=True)
+    from hf_specdec.training import MedusaTrainingConfig
+
+    training = MedusaTrainingConfig(base="b", data="d", head_type="eagle3", norm_before_residual=True)
+    assert training.head_config().norm_before_residual and training.head_config().share_lm_head is False
+    with pytest.raises(ValueError, match="drop --feature_weight"):
+        MedusaTrainingConfig(base="b", data="d", head_type="eagle3", feature_weight=0.0)
     model = _eagle3("llama")
     ids, mask = ragged_batch(1, seed=1)
     with pytest.raises(ValueError, match="grow a tree per row"):

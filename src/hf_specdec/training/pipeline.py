@@ -45,6 +45,7 @@ _HEAD_SHAPE = (
     "head_vocab_size",
     "head_intermediate_size",
     "feature_layers",
+    "norm_before_residual",
 )
 _CONFIG_NAME = {"head_intermediate_size": "intermediate_size"}  # what MedusaConfig calls it
 METRICS_NAME = "eval_metrics.json"
@@ -88,6 +89,13 @@ class MedusaTrainingConfig:
     head_intermediate_size: int | None = field(
         default=None,
         metadata={"help": "EAGLE heads: their decoder's MLP width (default: the base's; narrower trains faster)."},
+    )
+    norm_before_residual: bool = field(
+        default=False,
+        metadata={
+            "help": "EAGLE-3 heads: start their layer's residual stream at the normed fused state (the speculators "
+            "variant) instead of the fused state itself."
+        },
     )
     feature_layers: list[int] | None = field(
         default=None,
@@ -198,6 +206,7 @@ class MedusaTrainingConfig:
             share_lm_head=self.share_lm_head,
             intermediate_size=self.head_intermediate_size,
             feature_layers=self.feature_layers,
+            norm_before_residual=self.norm_before_residual,
         )
 
     @property
