@@ -105,8 +105,38 @@ def test_eagle3_heads_over_the_whole_vocabulary_write_no_vocabulary_map(tmp_path
     assert "d2t" not in weights and "t2d" not in weights and weights["lm_head.weight"].shape == (VOCAB, HIDDEN)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["draft_vocab_size"] == VOCAB and config["norm_before_residual"] is True
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
-    _same_heads(MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base), model)
+    # A 6-layer base's default layers repeat one (2, 3, 3): vLLM fuses each layer once (see the next test).
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3]
+    assert config["num_aux_hidden_states"] == 2 and weights["fc.weight"].shape == (HIDDEN, 2 * HIDDEN)
+    loaded = MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base)
+    assert loaded.heads.feature_layers == (2, 3)
+    assert torch.equal(_greedy(loaded), _greedy(model))
+
+
+def test_eagle3_fused_layers_are_written_in_the_order_vllm_concatenates_them(tmp_path) -> None:
+    """vLLM concatenates the target's states at the config's layers in increasing order, each once; heads fusing
+    layers in another order, or one twice, are written with fc's column blocks moved (and summed) to match."""
+    model = _eagle3(feature_layers=[4, 1, 4, 3])
+    export_heads(model, tmp_path, "vllm")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert config["num_aux_hidden_states"] == 3
+    fc = load_file(tmp_path / "model.safetensors")["fc.weight"]
+    states = {layer: torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(layer)) for layer in (1, 3, 4)}
+    ours = model.heads.fc(torch.cat([states[layer] for layer in (4, 1, 4, 3)], dim=-1))
+    vllm = torch.cat([states[layer] for layer in (1, 3, 4)], dim=-1) @ fc.T
+    torch.testing.assert_close(vllm, ours, rtol=1e-5, atol=1e-5)
+    loaded = MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base)
+    assert loaded.heads.feature_layers == (1, 3, 4)
+    assert torch.equal(_greedy(loaded), _greedy(model))
+    # A draft listing its layers out of order loads as vLLM reads it: in increasing order.
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [4, 1, 3]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert MedusaForCausalLM.from_pretrained(tmp_path, base_model=model.base).heads.feature_layers == (1, 3, 4)
+    # Layers already increasing and distinct keep fc bit for bit.
+    ordered = _eagle3(feature_layers=[1, 3, 4])
+    export_heads(ordered, tmp_path / "ordered", "vllm", layout="speculators")
+    assert torch.equal(load_file(tmp_path / "ordered" / "model.safetensors")["fc.weight"], ordered.heads.fc.weight)
 
 
 def test_eagle3_heads_written_in_the_speculators_format(tmp_path) -> None:
@@ -118,7 +148,8 @@ def test_eagle3_heads_written_in_the_speculators_format(tmp_path) -> None:
     assert config["transformer_layer_config"]["hidden_size"] == HIDDEN
     assert config["transformer_layer_config"]["num_hidden_layers"] == 1
     assert (config["draft_vocab_size"], config["norm_before_residual"]) == (52, False)
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3]
+    assert config["transformer_layer_config"]["num_aux_hidden_states"] == 2
     method = config["speculators_config"]["proposal_methods"][0]
     assert method["speculative_tokens"] == 3 and config["speculators_config"]["verifier"]["name_or_path"] == "org/base"
     weights = load_file(tmp_path / "model.safetensors")
@@ -128,6 +159,8 @@ def test_eagle3_heads_written_in_the_speculators_format(tmp_path) -> None:
     assert loaded.config.num_heads == 3 and loaded.config.base_model_name_or_path == "org/base"
     state = loaded.heads.state_dict()
     for key, value in model.heads.state_dict().items():
+        if key == "fc.weight":  # layer 3's two blocks summed
+            value = torch.cat([value[:, :HIDDEN], value[:, HIDDEN : 2 * HIDDEN] + value[:, 2 * HIDDEN :]], dim=1)
         expected = value.to(torch.bfloat16).float() if value.is_floating_point() else value
         assert key == UNUSED_EMBEDDING or torch.equal(state[key], expected)
 

@@ -3,7 +3,9 @@
 - EAGLE-3 heads: the layout SafeAILab, SpecForge and AngelSlim release (`layout="published"`, for
   `speculative_config={"method": "eagle3", "model": DIR}`), or the speculators format (`layout="speculators"`,
   which vLLM also reads, its config carrying the method and the number of drafted tokens). The fused layers are
-  written as `eagle_aux_hidden_state_layer_ids`, indices of the target's hidden states as vLLM reads them.
+  written as `eagle_aux_hidden_state_layer_ids`, indices of the target's hidden states as vLLM reads them (the
+  input of layer k, before any norm), in increasing order and each once, as vLLM concatenates them; `fc`'s
+  columns are regrouped to match (`vllm_fusion`).
 - EAGLE heads with EAGLE-1's options (no input norms, a Llama decoder, the base's lm_head): EAGLE-1's layout, for
   `{"method": "eagle", "model": DIR}`. vLLM 0.32 builds `fc` without a bias and drops a stored one silently, so
   heads whose `fc` has a non-zero bias are refused.
@@ -122,7 +124,7 @@ def _eagle3(
     config = model.config
     assert config.vocab_size is not None and config.hidden_size is not None
     draft_vocab = config.head_vocab_size or config.vocab_size
-    ids = list(model.heads.feature_layers)
+    ids, state["fc.weight"] = vllm_fusion(list(model.heads.feature_layers), state["fc.weight"])
     target = None if config.hidden_size == fields["hidden_size"] else config.hidden_size
     prefix = LAYER_PREFIXES["speculators" if layout == "speculators" else "eagle3"]
     weights = eagle3_to_published(state, prefix, config.vocab_size)
@@ -131,13 +133,15 @@ def _eagle3(
         "norm_before_residual": config.norm_before_residual,
         **({} if target is None else {"target_hidden_size": target}),
     }
+    # vLLM sizes fc's input by `num_aux_hidden_states`, else by `eagle_config`'s ids, else for 3 layers: say it.
+    fused = {"num_aux_hidden_states": len(ids)}
     if layout == "speculators":
         verifier = {"name_or_path": base_name, "architectures": list(base.config.architectures or [])}
         meta = {
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": SPECULATORS_TYPE,
             "speculators_version": SPECULATORS_VERSION,
-            "transformer_layer_config": {**fields, "num_hidden_layers": 1, "vocab_size": config.vocab_size},
+            "transformer_layer_config": {**fields, "num_hidden_layers": 1, "vocab_size": config.vocab_size, **fused},
             **common,
             "target_hidden_size": target,
             "eagle_aux_hidden_state_layer_ids": ids,
@@ -164,7 +168,33 @@ def _eagle3(
         "num_hidden_layers": 1,
         "vocab_size": config.vocab_size,
         **common,
+        **fused,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
         "base_model_name_or_path": base_name,
     }
     return meta, weights
+
+
+def vllm_fusion(feature_layers: list[int], fc: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The fused layers as vLLM takes them, and `fc` for that order: `(layer_ids, fc_weight)`.
+
+    vLLM concatenates the target's states at `sorted(set(eagle_aux_hidden_state_layer_ids))`
+    (`SupportsEagle3._set_aux_hidden_state_layers`), whatever order the config gives, while the heads concatenate
+    theirs in `feature_layers`' order, a layer possibly twice (the defaults for a target of 6 layers or fewer repeat
+    one). So each layer's block of `fc`'s columns moves to its place in increasing order, and the blocks of a
+    repeated layer are summed, in float32: `W1 h + W2 h = (W1 + W2) h`. Layers already increasing and distinct
+    (the defaults of larger targets) keep `fc` as it is.
+
+    Args:
+        feature_layers (`list[int]`): the heads' fused layers, in their order.
+        fc (`torch.Tensor` of shape `(hidden, len(feature_layers) * target_hidden)`): the heads' `fc.weight`.
+    """
+    layer_ids = sorted(set(feature_layers))
+    if layer_ids == feature_layers:
+        return layer_ids, fc
+    blocks = fc.float().chunk(len(feature_layers), dim=1)
+    merged = [
+        torch.stack([block for block, layer in zip(blocks, feature_layers, strict=True) if layer == wanted]).sum(0)
+        for wanted in layer_ids
+    ]
+    return layer_ids, torch.cat(merged, dim=1).to(fc.dtype)

@@ -8,10 +8,11 @@ Llama layer config). A stored `embed_tokens.weight` is not loaded: drafts read t
 published code and vLLM do (a log line says so when the stored one differs from the base's).
 
 Which of the target's states EAGLE-3 fuses: `eagle_aux_hidden_state_layer_ids` (at the top of the config or in
-its `eagle_config`) read as vLLM reads them, as indices of the target's hidden states (k: the input of layer k);
-when the config gives none, the inputs of layers 2, L // 2 and L - 3 of an L-layer target (vLLM's and SafeAILab's
-default). SGLang and SpecForge read explicit ids one layer later (k: the output of layer k), so a draft whose
-ids were written for them fuses, here as in vLLM, the layers below the ones it was trained on.
+its `eagle_config`) read as vLLM reads them, as indices of the target's hidden states (k: the input of layer k),
+concatenated in increasing order, each once, whatever order the config lists them in; when the config gives
+none, the inputs of layers 2, L // 2 and L - 3 of an L-layer target (vLLM's and SafeAILab's default). SGLang and
+SpecForge read explicit ids one layer later (k: the output of layer k), so a draft whose ids were written for them
+fuses, here as in vLLM, the layers below the ones it was trained on.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def _eagle3(
     layer_config = layer_config_from_published(layer_meta)
     hidden = layer_config["hidden_size"]
     eagle = meta.get("eagle_config") or {}
-    ids = meta.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
+    listed = meta.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
+    ids = sorted({int(i) for i in listed}) if listed else None  # vLLM fuses sorted(set(ids))
     fused = state["fc.weight"].shape[1]
     target = meta.get("target_hidden_size") or fused // (len(ids) if ids else 3)
     if target != hidden:
@@ -158,7 +160,7 @@ def _eagle3(
         hidden_size=target,
         vocab_size=vocab,
         head_vocab_size=None if token_ids is None else token_ids.numel(),
-        feature_layers=None if not ids else [int(i) for i in ids],
+        feature_layers=ids,
         layer_config=layer_config,
         norm_before_residual=bool(meta.get("norm_before_residual", layout == "speculators")),
         base_model_name_or_path=_base_name(meta),
