@@ -111,17 +111,19 @@ def test_vllm_serves_exported_heads_with_plain_greedy_output_and_our_acceptance(
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
 
     result_file = tmp_path / "vllm.json"
-    command = [str(vllm_python), str(ROOT / "tools" / "vllm_medusa.py"), "--base", str(model_path("smollm2-135m"))]
-    command += ["--heads", str(exported), "--prompts", str(tmp_path / "prompts.json"), "--out", str(result_file)]
+    command = [str(vllm_python), str(ROOT / "tools" / "vllm_speculative.py"), "--base", str(model_path("smollm2-135m"))]
+    command += ["--method", "medusa", "--draft", str(exported)]
+    command += ["--prompts", str(tmp_path / "prompts.json"), "--out", str(result_file)]
     command += ["--num-speculative-tokens", str(NUM_HEADS), "--max-tokens", str(MAX_TOKENS), "--dtype", "float32"]
     run = subprocess.run(
         command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     )
     assert run.returncode == 0, run.stderr[-4000:]
     vllm = json.loads(result_file.read_text())
+    served = vllm["drafts"][str(exported)]
 
     # (a) The heads change how vLLM decodes, not what: token for token its plain greedy output.
-    assert vllm["medusa"] == vllm["plain"]
+    assert served["tokens"] == vllm["plain"]
 
     # (b) Our acceptance for the same heads, chain and prompts (every step drafts: fixed zero costs), overall and
     # by draft position (vLLM counts a position accepted when every draft before it was too, as we do).
@@ -145,7 +147,7 @@ def test_vllm_serves_exported_heads_with_plain_greedy_output_and_our_acceptance(
         steps += int(stats.drafted_at_position[0])  # steps that drafted
         accepted_at += stats.accepted_at_position
         same_as_plain += out.sequences[0, len(ids) :].tolist() == plain
-    metrics = vllm["metrics"]
+    metrics = served["metrics"]
     report = {
         "acceptance": {"ours": round(accepted / drafted, 4), "vllm": round(_rate(metrics), 4)},
         "by_position": {

@@ -1,13 +1,15 @@
-"""Serve exported Medusa heads with vLLM's offline `LLM`: greedy decoding without and with the heads, on the same
-token prompts, and vLLM's own speculative-decoding counters. Runs in vLLM's environment (tools/make_vllm_venv.sh),
-not this library's: it imports only vLLM.
+"""Serve drafts exported with `hf-specdec export --to vllm` with vLLM's offline `LLM`: greedy decoding without
+and with each draft, on the same token prompts, and vLLM's own speculative-decoding counters. Runs in vLLM's
+environment (tools/make_vllm_venv.sh), not this library's: it imports only vLLM.
 
-    .venv-vllm/bin/python tools/vllm_medusa.py --base BASE_DIR --heads HEADS_DIR --prompts prompts.json \
-        --num-speculative-tokens 3 --max-tokens 64 --out result.json
+    .venv-vllm/bin/python tools/vllm_speculative.py --base BASE_DIR --method medusa --draft HEADS_DIR \
+        --prompts prompts.json --num-speculative-tokens 3 --max-tokens 64 --out result.json
 
-`prompts.json` holds a list of token-id lists. `result.json` gets `plain` and `medusa` (the generated token ids
-per prompt), `metrics` (`num_drafts`, `num_draft_tokens`, `num_accepted_tokens`, `accepted_per_position`) and
-`seconds` (each engine's start and generation, wall time).
+`--method` is vLLM's speculative method (`medusa`, `eagle3`, `eagle`); `--draft` may be given several times
+(each draft is served by an engine of its own, after the plain one). `prompts.json` holds a list of token-id
+lists. `result.json` gets `plain` (the generated token ids per prompt), `drafts` (per draft folder, as given:
+`tokens`, the generated token ids per prompt, and `metrics`: `num_drafts`, `num_draft_tokens`,
+`num_accepted_tokens`, `accepted_per_position`) and `seconds` (each engine's start and generation, wall time).
 The engine starts in a process of its own (spawn), hence the `__main__` guard.
 """
 
@@ -67,7 +69,10 @@ def _spec_metrics(metrics: list[Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the base model's folder")
-    parser.add_argument("--heads", required=True, help="heads exported with `hf-specdec export --to vllm`")
+    parser.add_argument("--method", default="medusa", help="vLLM's speculative method: medusa, eagle3 or eagle")
+    parser.add_argument(
+        "--draft", action="append", required=True, help="a draft exported with `hf-specdec export --to vllm`"
+    )
     parser.add_argument("--prompts", type=Path, required=True, help="JSON list of token-id lists")
     parser.add_argument("--num-speculative-tokens", type=int, required=True)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -77,10 +82,14 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
     prompts = json.loads(args.prompts.read_text())
     plain, plain_metrics = generate(args.base, prompts, args.max_tokens, args.dtype, None)
-    speculative = {"method": "medusa", "model": args.heads, "num_speculative_tokens": args.num_speculative_tokens}
-    medusa, metrics = generate(args.base, prompts, args.max_tokens, args.dtype, speculative)
-    seconds = {"plain": plain_metrics.pop("seconds"), "medusa": metrics.pop("seconds")}
-    args.out.write_text(json.dumps({"plain": plain, "medusa": medusa, "metrics": metrics, "seconds": seconds}))
+    seconds = {"plain": plain_metrics.pop("seconds")}
+    drafts = {}
+    for folder in args.draft:
+        speculative = {"method": args.method, "model": folder, "num_speculative_tokens": args.num_speculative_tokens}
+        tokens, metrics = generate(args.base, prompts, args.max_tokens, args.dtype, speculative)
+        seconds[folder] = metrics.pop("seconds")
+        drafts[folder] = {"tokens": tokens, "metrics": metrics}
+    args.out.write_text(json.dumps({"plain": plain, "drafts": drafts, "seconds": seconds}))
 
 
 if __name__ == "__main__":
