@@ -3,7 +3,7 @@
 # (1,000 ShareGPT V3 requests: maths, code, chat), replies self-distilled by the base with the states EAGLE-3 reads
 # kept from the generation (the inputs of layers 2, 14 and 25, and the last), EAGLE-3's one layer trained unrolled to
 # 4 depths on the base's distributions over a 16k draft vocabulary, lr 6e-4, its MLP narrowed to 2,240 as the EAGLE
-# recipe's. The heads load in vLLM and SGLang after `hf-specdec export OUT --to vllm` (docs/serving.md).
+# recipe's. vLLM serves the heads after `hf-specdec export OUT --to vllm` (docs/serving.md).
 # Rerun with the same OUTPUT_DIR to resume: the data files and self-distilled shards are reused.
 #   bash recipes/eagle3_qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail

@@ -2,7 +2,7 @@
 # EAGLE-3 heads for SmolLM2-135M-Instruct on a CPU, from scratch, in one go: ShareGPT V3 prompts (from a PyPI wheel),
 # replies self-distilled by the base with its states kept (layers 2, 15 and 27 fused, and the last for the targets),
 # EAGLE-3's one layer trained unrolled to 4 depths on the base's distributions over an 8,192-token draft vocabulary.
-# In bfloat16. The heads load in vLLM and SGLang after `hf-specdec export OUT --to vllm` (docs/serving.md).
+# In bfloat16. vLLM serves the heads after `hf-specdec export OUT --to vllm` (docs/serving.md).
 # Rerun with the same OUTPUT_DIR to reuse the data (the self-distilled replies and states are kept).
 #   bash recipes/eagle3_smollm2_cpu.sh [OUTPUT_DIR]
 set -euo pipefail

@@ -69,8 +69,8 @@ class MedusaTrainingConfig:
             "tokens drafted before it (more accurate past the first depth); eagle: a one-layer decoder drafting the "
             "base's next features with its own attention over the whole context (EAGLE), trained unrolled to "
             "--num_heads depths; eagle3: EAGLE-3's published architecture (one Llama layer over three fused base "
-            "layers, its own lm_head over a draft vocabulary: pair it with --head_vocab_size), loadable by vLLM "
-            "and SGLang after `hf-specdec export`."
+            "layers, its own lm_head over a draft vocabulary: pair it with --head_vocab_size), served by vLLM "
+            "after `hf-specdec export`."
         },
     )
     share_lm_head: bool | None = field(
