@@ -27,6 +27,7 @@ from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
+from hf_specdec.training.hidden_cache import numpy_states
 from hf_specdec.training.processes import main_process_value
 
 
@@ -214,7 +215,8 @@ def self_distill_with_states(
     shards = [datasets.load_from_disk(str(directory / f"shard-{start:07d}")) for start in starts]
     # Back in corpus order (the shards follow prompt length), so a data split by position is the same as ever.
     generated = [index for index, _ in todo]
-    return datasets.concatenate_datasets(shards).select(sorted(range(len(todo)), key=generated.__getitem__))
+    ordered = datasets.concatenate_datasets(shards).select(sorted(range(len(todo)), key=generated.__getitem__))
+    return numpy_states(ordered)
 
 
 def _rows_with_states(
