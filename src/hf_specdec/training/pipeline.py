@@ -364,6 +364,7 @@ def _tokenize_part(
     the hidden states are split between the processes."""
     with training_args.main_process_first(desc="loading data"):
         records = _records(config, source)
+    layers = state_layers(_heads_config(config), base)  # the base's states the heads train on
     if config.self_distill and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.
         distilled = self_distill_with_states(
@@ -375,7 +376,7 @@ def _tokenize_part(
             batch_size=config.distill_batch_size,
             max_length=config.max_length,
             messages_column=config.messages_column,
-            layers=state_layers(_heads_config(config), base),
+            layers=layers,
         )
         # EAGLE heads read the prompt's tokens too; the other heads read the labelled ones only.
         return distilled if config.head_type in ("eagle", "eagle3") else distilled.remove_columns("input_ids")
@@ -402,7 +403,7 @@ def _tokenize_part(
     # The states (and relabelled labels) depend on the base and its dtype as well as on the data.
     base_id = hashlib.sha256(f"{base.name_or_path}|{base.dtype}".encode()).hexdigest()[:8]
     name = f"{tokenized._fingerprint}-{base_id}" + ("-relabeled" if config.relabel_with_base else "")
-    if (layers := state_layers(_heads_config(config), base)) != (-1,):
+    if layers != (-1,):
         name += "-layers" + "_".join(map(str, layers))
     # input_ids stay: with relabelled labels they tell where the data follows the base's own path, and
     # recurrent heads read them.
@@ -412,7 +413,7 @@ def _tokenize_part(
         output_dir / "hidden_states" / name,
         tokenizer.pad_token_id,
         relabel=config.relabel_with_base,
-        layers=state_layers(_heads_config(config), base),
+        layers=layers,
     )
 
 
@@ -427,8 +428,8 @@ def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: li
 
 def _heads_config(config: MedusaTrainingConfig) -> MedusaConfig:
     """The config of the heads this run trains: the warm start's own, or the fresh heads' settings."""
-    if config.init_heads is not None and (local_directory(config.init_heads) / CONFIG_NAME).exists():
-        return MedusaConfig.from_pretrained(local_directory(config.init_heads))
+    if config.init_heads is not None and ((folder := local_directory(config.init_heads)) / CONFIG_NAME).exists():
+        return MedusaConfig.from_pretrained(folder)
     return config.head_config()
 
 
