@@ -57,8 +57,9 @@ def _count_draft_forwards(module: torch.nn.Module) -> list[int]:
     return calls
 
 
-def _run(path: str, batch: int) -> tuple[int, int, int]:
-    """(host reads, steps, draft forwards) of one generation on `path` with fixed costs."""
+def _run(path: str, batch: int, free: bool = False) -> tuple[int, int, int]:
+    """(host reads, steps, draft forwards) of one generation on `path` with fixed costs (nothing at all when
+    `free`)."""
     from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
     from tests.tiny_models import ragged_batch, tiny_model, tiny_target
 
@@ -69,7 +70,8 @@ def _run(path: str, batch: int) -> tuple[int, int, int]:
         max_new_tokens=NEW_TOKENS,
         do_sample=path.endswith("sampled"),
         return_dict_in_generate=True,
-        speculative_costs=SpeculativeCosts(0.001, 0.001),  # cheap: every step drafts, and the rules still weigh
+        # cheap: every step drafts, and the rules still weigh (free: nothing to weigh)
+        speculative_costs=SpeculativeCosts(0.0, 0.0) if free else SpeculativeCosts(0.001, 0.001),
     )
     draft = tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
     forwards = _count_draft_forwards(draft)
@@ -78,7 +80,7 @@ def _run(path: str, batch: int) -> tuple[int, int, int]:
         model = MedusaForCausalLM.from_base(
             tiny_model("llama", seed=0, sharpen=4.0), MedusaConfig(num_heads=3, head_type=head_type)
         )
-        forwards = _count_draft_forwards(model.heads.decoder if head_type == "eagle" else model.heads)
+        forwards = _count_draft_forwards(model.heads.decoder if head_type != "medusa" else model.heads)
         lookup = {"prompt_lookup_num_tokens": 4} if path.endswith("lookup") else {}
         call = lambda: model.generate(**common, medusa=True, **lookup)  # noqa: E731
     else:
@@ -114,12 +116,20 @@ def test_a_step_reads_the_device_at_most_twice(path: str, batch: int) -> None:
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize(
-    "path", ["assistant adaptive", "draft tree", "draft tree lookup", "hybrid", "eagle", "eagle lookup"]
+    "path", ["assistant adaptive", "draft tree", "draft tree lookup", "hybrid", "eagle", "eagle lookup", "eagle3"]
 )
 def test_drafting_that_stops_on_what_it_drafted_reads_once_more_per_draft_forward(path: str, batch: int) -> None:
     reads, steps, draft_forwards = _run(path, batch)
     assert steps > 5 and draft_forwards > 0
     assert reads <= 2 * steps + draft_forwards + PER_CALL, (reads, steps, draft_forwards)
+
+
+@pytest.mark.parametrize("path", ["assistant adaptive", "draft tree", "eagle", "eagle3"])
+def test_drafting_that_costs_nothing_reads_nothing_to_decide_how_far_to_draft(path: str) -> None:
+    """With free costs every depth pays whatever its gain: the rules answer without reading the gain."""
+    reads, steps, draft_forwards = _run(path, 1, free=True)
+    assert steps > 5 and draft_forwards > steps
+    assert reads <= 2 * steps + PER_CALL, (reads, steps, draft_forwards)
 
 
 def test_the_overhead_table_puts_plain_first_and_counts_per_step() -> None:

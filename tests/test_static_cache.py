@@ -29,6 +29,7 @@ def _paths(arch: str) -> dict[str, tuple[Any, dict[str, Any]]]:
     medusa = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, share_lm_head=tied))
     recurrent = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, head_type="recurrent", share_lm_head=tied))
     eagle = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, head_type="eagle", share_lm_head=tied))
+    eagle3 = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=3, head_type="eagle3"))
     return {
         "assistant": (target, {"assistant": draft}),
         "assistant-constant": (target, {"assistant": draft, "num_assistant_tokens_schedule": "constant"}),
@@ -39,6 +40,7 @@ def _paths(arch: str) -> dict[str, tuple[Any, dict[str, Any]]]:
         "medusa-lookup": (medusa, {"medusa": True, "tree": "medium", "prompt_lookup_num_tokens": 3}),
         "recurrent": (recurrent, {"medusa": True, "tree": "medium"}),
         "eagle": (eagle, {"medusa": True, "tree": 8}),
+        "eagle3": (eagle3, {"medusa": True, "tree": 8}),
     }
 
 
@@ -85,7 +87,7 @@ def test_a_static_cache_keeps_plain_greedy_on_every_path(arch: str, batch: int, 
         ), name
 
 
-@pytest.mark.parametrize("path", ["assistant", "tree", "medusa", "eagle"])
+@pytest.mark.parametrize("path", ["assistant", "tree", "medusa", "eagle", "eagle3"])
 def test_a_static_cache_too_small_for_a_step_compacts_then_grows(path: str, monkeypatch) -> None:
     """A cache smaller than the sequences: when a step's nodes would overflow it, the holes (here the prompts'
     left padding) are squeezed out first, then it grows, and the output is still plain greedy's."""

@@ -3,6 +3,8 @@ projection), and Medusa's K independent heads."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional
@@ -267,8 +269,7 @@ class MedusaHeads(DraftHeads):
         top_k = max(tree.top_k_per_depth())
         logits = torch.stack([self.head(k, hidden, lm_head) for k in range(tree.depth)]).float()  # (D, B, V)
         candidates = self.to_token_ids(logits.topk(top_k, dim=-1).indices)  # (D, B, top_k)
-        depths = tree.depths[1:].to(root.device) - 1  # (N-1,)
-        ranks = tree.ranks[1:].to(root.device)
+        depths, ranks = _candidate_index(tree, root.device)
         return torch.cat([root[:, None], candidates[depths, :, ranks].T], dim=1)
 
     @property
@@ -293,3 +294,10 @@ def _reindex_after_load(module: nn.Module, _incompatible: object) -> None:
     """`load_state_dict` post hook: the loaded draft vocabulary needs its id-to-position map."""
     assert isinstance(module, DraftHeads)
     module._reindex()
+
+
+@functools.lru_cache(maxsize=32)
+def _candidate_index(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each non-root node's head (its depth less one) and candidate rank, on `device`: copied there once per tree
+    and device, since a copy to a GPU at every step would make the host wait for the device."""
+    return (tree.depths[1:] - 1).to(device), tree.ranks[1:].to(device)
