@@ -3,7 +3,8 @@
 # (1,000 ShareGPT V3 requests: maths, code, chat), replies self-distilled by the base with the states EAGLE-3 reads
 # kept from the generation (the inputs of layers 2, 14 and 25, and the last), EAGLE-3's one layer trained unrolled to
 # 4 depths on the base's distributions over a 16k draft vocabulary, lr 6e-4, its MLP narrowed to 2,240 as the EAGLE
-# recipe's. vLLM serves the heads after `hf-specdec export OUT --to vllm` (docs/serving.md).
+# recipe's. vLLM serves the heads after `hf-specdec export OUT --to vllm` (docs/serving.md). From scratch on a 2-core
+# CPU: 67 min 34 s (self-distillation 36 min 16 s, 3 epochs of training 30 min 30 s; docs/training.md).
 # Rerun with the same OUTPUT_DIR to resume: the data files and self-distilled shards are reused.
 #   bash recipes/eagle3_qwen_coder_cpu.sh [OUTPUT_DIR]
 set -euo pipefail
@@ -21,4 +22,4 @@ python "$(dirname "$0")/train_medusa.py" --base qwen2.5-coder-1.5b --dtype bfloa
     --num_train_epochs 3 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 10 \
     --lr_scheduler_type cosine --bf16 --use_cpu --save_strategy no --report_to none --eval_fraction 0.05 \
     --logging_steps 20
-echo "Heads in $out. Measure them: hf-specdec bench --draft none --medusa $out --methods plain,medusa-16,medusa-16-lookup"
+echo "Heads in $out."

@@ -23,4 +23,4 @@ python "$(dirname "$0")/train_medusa.py" --base qwen2.5-coder-1.5b --dtype bfloa
     --num_train_epochs 3 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 10 \
     --lr_scheduler_type cosine --bf16 --use_cpu --save_strategy no --report_to none --eval_fraction 0.05 \
     --logging_steps 20
-echo "Heads in $out. Measure them: hf-specdec bench --draft none --medusa $out --methods plain,medusa-16,medusa-16-lookup"
+echo "Heads in $out."

@@ -18,4 +18,4 @@ python "$(dirname "$0")/train_medusa.py" --base qwen2.5-coder-1.5b --dtype bfloa
     --head_vocab_size 16384 --max_length 288 --output_dir "$out" --num_train_epochs 2 \
     --per_device_train_batch_size 8 --learning_rate 3e-3 --warmup_steps 10 --lr_scheduler_type cosine --bf16 \
     --use_cpu --save_strategy no --report_to none --eval_fraction 0.05 --tree_nodes 16
-echo "Heads in $out. Measure them: hf-specdec bench --draft none --medusa $out --methods plain,medusa-5-lookup"
+echo "Heads in $out."

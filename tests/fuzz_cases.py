@@ -505,7 +505,7 @@ def cases(draw: st.DrawFn, path: str) -> Case:
     return case
 
 
-# The divergences #16 reported (fixed in 89ac3d4), kept as explicit examples on every path. On the llama target,
+# Divergences a differential run once found (since fixed), kept as explicit examples on every path. On the llama target,
 # plain greedy from these prompts emits token 94 (string "{") in both rows, at different steps.
 _PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12]]
 _PATH_KWARGS: dict[str, dict[str, Any]] = {

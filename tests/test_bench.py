@@ -52,6 +52,14 @@ def test_benchmark_runs_methods_and_checks_identity(batch_size: int, tmp_path) -
     files = write_outputs(result, tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["summary"]["specdec"]["tokens"] > 0
     assert all(f.exists() and f.stat().st_size > 0 for f in files)
+    # The table a page embeds: one row per method that ran, with its arguments, and one "Measured on" line.
+    page = (tmp_path / "results.md").read_text().splitlines()
+    rows = [line for line in page if line.startswith("| `")]
+    assert [row.split(" | ")[0] for row in rows] == ["| `" + name + "`" for name in summary]
+    specdec_k4 = next(row for row in rows if row.startswith("| `specdec-k4`"))
+    assert "`assistant=draft, num_assistant_tokens=4, num_assistant_tokens_schedule='constant'`" in specdec_k4
+    assert f"| {len(PROMPTS)}/{len(PROMPTS)} |" in specdec_k4
+    assert page[-1].startswith("Measured on ") and f"batch {batch_size}" in page[-1]
 
 
 def test_a_compiled_benchmark_runs_every_method_static_and_compiled_and_keeps_identity() -> None:
@@ -157,9 +165,9 @@ def test_draft_tree_methods_by_size_run_and_keep_identity() -> None:
     from hf_specdec import DynamicTree
 
     assert method_by_name("specdec-tree10-d5-k3").kwargs["tree"] == DynamicTree(num_nodes=10, depth=5, top_k=3)
-    assert method_by_name("specdec-tree8").kwargs["tree"].num_nodes == 8
+    assert method_by_name("specdec-tree8").kwargs["tree"] == 8  # as a user writes it: generate(..., tree=8)
     vocab = method_by_name("specdec-tree16-vocab")
-    assert vocab.needs_draft_vocab and vocab.kwargs["tree"].num_nodes == 16
+    assert vocab.needs_draft_vocab and vocab.kwargs["tree"] == 16
     for bad in ("specdec-tree0", "specdec-tree8-k", "specdec-treex"):
         with pytest.raises(ValueError, match="Unknown method"):
             method_by_name(bad)

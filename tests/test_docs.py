@@ -36,3 +36,32 @@ def test_usage_examples_run(monkeypatch) -> None:
     namespace: dict = {}
     for block in python_blocks(DOCS / "usage.md"):
         exec(compile(block, str(DOCS / "usage.md"), "exec"), namespace)
+
+
+README = DOCS.parent / "README.md"
+
+
+@pytest.mark.real_model
+def test_readme_examples_run(tmp_path, monkeypatch) -> None:
+    """The README's `python` blocks run in order, as written, with the Hub ids they name read from local copies:
+    SmolLM2-135M-Instruct stands in for both Qwen models (one tokenizer), and untrained EAGLE-3 heads on it for
+    `path/to/heads` (greedy output is the base's whatever the heads guess)."""
+    from hf_specdec import MedusaConfig, MedusaForCausalLM
+    from hf_specdec.zoo import load_model, model_path
+
+    local = str(model_path("smollm2-135m"))
+    base, _ = load_model("smollm2-135m", dtype=torch.float32)
+    MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, head_type="eagle3")).save_pretrained(tmp_path / "h")
+    stand_ins = {
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct": local,
+        "Qwen/Qwen2.5-Coder-0.5B-Instruct": local,
+        "path/to/heads": str(tmp_path / "h"),
+    }
+    blocks = python_blocks(README)
+    assert len(blocks) >= 2
+    namespace: dict = {}
+    for block in blocks:
+        for hub_id, path in stand_ins.items():
+            block = block.replace(f'"{hub_id}"', repr(path))
+        exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["out"].shape[0] == 2

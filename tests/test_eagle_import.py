@@ -303,3 +303,39 @@ def test_eagle1_options_belong_to_eagle_heads() -> None:
     assert torch.equal(out, base.generate(input_ids=ids, attention_mask=mask, **kwargs))
     with pytest.raises(ValueError, match="need a Llama-style decoder"):
         MedusaForCausalLM.from_base(tiny_model("gpt2", seed=0), MedusaConfig(head_type="eagle", input_norms=False))
+
+
+def test_the_recipe_fine_tunes_a_published_eagle3_draft(tmp_path, capsys) -> None:
+    """`--init_heads` with a published EAGLE-3 folder: the data work keeps the states its layers fuse, training
+    starts from its weights, and the heads saved are EAGLE-3 heads of the same layers and draft vocabulary."""
+    import json
+
+    import safetensors.torch
+
+    from tests.recipe import recipe_main
+    from tests.test_training import _conversations, tiny_tokenizer
+
+    base_dir, draft_dir, out = tmp_path / "base", tmp_path / "draft", tmp_path / "out"
+    _base().save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    token_ids = draft_vocabulary(40)
+    weights = write_eagle3(draft_dir, token_ids, layer_ids=[1, 2, 4])
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _conversations(12, seed=3)))
+    recipe_main()(
+        [
+            "--base", str(base_dir), "--data", str(data), "--cache_hidden_states", "--init_heads", str(draft_dir),
+            "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
+            "--learning_rate", "1e-2", "--eval_fraction", "0.25", "--report_to", "none", "--save_strategy", "no",
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out  # the recipe ends with what it measured and how to benchmark the heads
+    assert "Held-out accuracy by depth: top-1 " in printed and f"--medusa {out} " in printed
+    config = json.loads((out / "medusa_config.json").read_text())
+    assert config["head_type"] == "eagle3" and config["feature_layers"] == [1, 2, 4]
+    assert config["extra"]["initialised_from"] == str(draft_dir) and config["measured_top1"]
+    trained = MedusaForCausalLM.from_pretrained(out, base_model=_base())
+    assert torch.equal(trained.heads.token_ids, token_ids)
+    heads = safetensors.torch.load_file(out / "medusa_heads.safetensors")
+    fc = next(v for k, v in heads.items() if k.endswith("fc.weight"))
+    assert fc.shape == weights["fc.weight"].shape and not torch.equal(fc, weights["fc.weight"])  # it trained

@@ -20,7 +20,7 @@ from tests.fuzz_cases import PROFILE, Case, cases, check, known_divergences
 
 
 def known(path: str) -> Callable[[Any], Any]:
-    """Run #16's reported divergences on `path` first, as explicit examples."""
+    """Run the once-found divergences on `path` first, as explicit examples."""
 
     def decorate(test: Any) -> Any:
         for case in known_divergences(path):

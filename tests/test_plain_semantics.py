@@ -1,4 +1,4 @@
-"""Every speculative path reads generate()'s arguments as plain generate() does (#16): explicit `None`s,
+"""Every speculative path reads generate()'s arguments as plain generate() does: explicit `None`s,
 stop strings, rows that stop without an EOS id, prefix-reading callbacks, stateful processors, and a draft
 whose embedding matrix is smaller than the target's logits."""
 

@@ -57,9 +57,9 @@ def _eval_data() -> datasets.Dataset:
     return _counting(7, seed=5)
 
 
-def _trainer(output_dir: Path, batch_size: int, **overrides) -> MedusaTrainer:
+def _trainer(output_dir: Path, batch_size: int, head_type: str = "medusa", **overrides) -> MedusaTrainer:
     torch.manual_seed(1)
-    config = MedusaConfig(num_heads=2, share_lm_head=False)
+    config = MedusaConfig(num_heads=2, head_type=head_type, share_lm_head=False)
     model = MedusaForCausalLM.from_base(tiny_model("llama", seed=0), config).freeze_base()
     args = TrainingArguments(
         output_dir=str(output_dir),
@@ -136,7 +136,18 @@ def _worker(workdir: Path) -> None:
     _recipe_worker(workdir, rank)
 
 
-def _recipe_worker(workdir: Path, rank: int) -> None:
+def _eagle3_worker(workdir: Path) -> None:
+    """One of the two processes, with EAGLE-3 heads: the trainer, then the recipe (self-distillation keeping the
+    four states EAGLE-3 trains on)."""
+    torch.set_num_threads(1)
+    trainer = _trainer(workdir / "ddp", GLOBAL_BATCH // 2, head_type="eagle3", ddp_backend="gloo")
+    rank = trainer.args.process_index
+    trainer.train()
+    safetensors.torch.save_file(_heads(trainer), workdir / f"heads-rank{rank}.safetensors")
+    _recipe_worker(workdir, rank, "--head_type", "eagle3", "--head_vocab_size", "64")
+
+
+def _recipe_worker(workdir: Path, rank: int, *extra: str) -> None:
     """The recipe end to end with self-distillation, hidden states and an upload (recorded, not sent)."""
     from huggingface_hub import CommitInfo, HfApi, RepoUrl
 
@@ -162,13 +173,14 @@ def _recipe_worker(workdir: Path, rank: int) -> None:
             "--self_distill", "--distill_max_new_tokens", "6", "--distill_batch_size", "2", "--cache_hidden_states",
             "--eval_fraction", "0.25", "--output_dir", str(workdir / "recipe"), "--max_steps", "2",
             "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
-            "--use_cpu", "--ddp_backend", "gloo", "--push_to_hub", "--hub_model_id", "org/heads",
+            "--use_cpu", "--ddp_backend", "gloo", "--push_to_hub", "--hub_model_id", "org/heads", *extra,
         ]
     )  # fmt: skip
     (workdir / f"pushes-rank{rank}.json").write_text(json.dumps(pushes))
 
 
-def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_path: Path) -> None:
+def _launch(tmp_path: Path, *args: str) -> None:
+    """Runs this file's worker on two processes over `tmp_path` (a tiny base and conversations written there)."""
     tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(tmp_path / "base")
     tiny_tokenizer().save_pretrained(tmp_path / "base")
     (tmp_path / "conversations.jsonl").write_text("\n".join(json.dumps(r) for r in _conversations(9, seed=4)))
@@ -177,7 +189,7 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
     env["OMP_NUM_THREADS"] = "1"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     done = subprocess.run(
-        [*launch, str(Path(__file__).resolve()), str(tmp_path)],
+        [*launch, str(Path(__file__).resolve()), str(tmp_path), *args],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -186,9 +198,11 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
-    # The heads: identical on both processes, and what one process makes of the same global batches.
+
+def _same_heads_as_one_process(tmp_path: Path, head_type: str) -> MedusaTrainer:
+    """The heads are identical on both processes, and what one process makes of the same global batches."""
     ranks = [safetensors.torch.load_file(tmp_path / f"heads-rank{r}.safetensors") for r in range(2)]
-    single = _trainer(tmp_path / "single", GLOBAL_BATCH)
+    single = _trainer(tmp_path / "single", GLOBAL_BATCH, head_type=head_type)
     start = _heads(single)
     single.train()
     alone = _heads(single)
@@ -196,6 +210,12 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
         assert torch.equal(ranks[0][name], ranks[1][name]), name
         torch.testing.assert_close(ranks[0][name], tensor, rtol=1e-4, atol=1e-5)
     assert any(not torch.equal(alone[name], start[name]) for name in alone)  # the heads did move
+    return single
+
+
+def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_path: Path) -> None:
+    _launch(tmp_path)
+    single = _same_heads_as_one_process(tmp_path, "medusa")
 
     # Evaluation: Trainer's loop gathered both processes' counts, without the repeats that padded the last batch.
     metrics = [json.loads((tmp_path / f"metrics-rank{r}.json").read_text()) for r in range(2)]
@@ -241,5 +261,18 @@ def test_two_processes_train_the_same_heads_as_one_and_split_the_data_work(tmp_p
     assert json.loads((tmp_path / "recipe" / "medusa_config.json").read_text())["measured_top1"]
 
 
+def test_two_processes_train_the_same_eagle3_heads_as_one(tmp_path: Path) -> None:
+    _launch(tmp_path, "eagle3")
+    _same_heads_as_one_process(tmp_path, "eagle3")
+    pushes = [json.loads((tmp_path / f"pushes-rank{r}.json").read_text()) for r in range(2)]
+    assert len(pushes[0]) == 2 and pushes[1] == []
+    config = json.loads((tmp_path / "recipe" / "medusa_config.json").read_text())
+    assert config["head_type"] == "eagle3" and config["measured_top1"]
+    assert len(list((tmp_path / "recipe" / "self_distill_states").glob("*/shard-*"))) == 5
+
+
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]))
+    if sys.argv[2:] == ["eagle3"]:
+        _eagle3_worker(Path(sys.argv[1]))
+    else:
+        _worker(Path(sys.argv[1]))

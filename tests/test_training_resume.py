@@ -33,9 +33,10 @@ class StopAt(TrainerCallback):
         return control
 
 
-def _trainer(output_dir: Path, init_seed: int = 1, callbacks=None) -> MedusaTrainer:
+def _trainer(output_dir: Path, init_seed: int = 1, callbacks=None, head_type: str = "medusa") -> MedusaTrainer:
     torch.manual_seed(init_seed)
-    model = MedusaForCausalLM.from_base(tiny_model("llama", seed=0), MedusaConfig(num_heads=2, share_lm_head=False))
+    config = MedusaConfig(num_heads=2, head_type=head_type, share_lm_head=False)
+    model = MedusaForCausalLM.from_base(tiny_model("llama", seed=0), config)
     data = tokenize_records(datasets.Dataset.from_list(_conversations(16)), tiny_tokenizer(), max_length=64)
     args = TrainingArguments(
         output_dir=str(output_dir),
@@ -65,12 +66,13 @@ def _heads(trainer: MedusaTrainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.medusa.heads.state_dict().items()}
 
 
-def test_a_run_stopped_and_resumed_ends_as_the_run_never_stopped(tmp_path: Path) -> None:
-    whole = _trainer(tmp_path / "whole")
+@pytest.mark.parametrize("head_type", ["medusa", "eagle3"])
+def test_a_run_stopped_and_resumed_ends_as_the_run_never_stopped(tmp_path: Path, head_type: str) -> None:
+    whole = _trainer(tmp_path / "whole", head_type=head_type)
     whole.train()
     expected = _heads(whole)
 
-    stopped = _trainer(tmp_path / "stopped", callbacks=[StopAt(STOP)])
+    stopped = _trainer(tmp_path / "stopped", callbacks=[StopAt(STOP)], head_type=head_type)
     stopped.train()
     assert stopped.state.global_step == STOP
     checkpoint = tmp_path / "stopped" / f"checkpoint-{STOP}"
@@ -80,7 +82,7 @@ def test_a_run_stopped_and_resumed_ends_as_the_run_never_stopped(tmp_path: Path)
     at_stop = _heads(stopped)
     assert any(not torch.equal(at_stop[k], v) for k, v in expected.items())  # the steps after k matter
 
-    resumed = _trainer(tmp_path / "stopped", init_seed=99)  # other fresh heads: the checkpoint's must win
+    resumed = _trainer(tmp_path / "stopped", init_seed=99, head_type=head_type)  # fresh heads: the checkpoint's win
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == STEPS
     for name, tensor in _heads(resumed).items():
@@ -91,7 +93,8 @@ def test_a_run_stopped_and_resumed_ends_as_the_run_never_stopped(tmp_path: Path)
         _trainer(tmp_path / "other").train(resume_from_checkpoint=str(tmp_path / "empty"))
 
 
-def test_recipe_resumes_from_a_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("head_type", ["medusa", "eagle3"])
+def test_recipe_resumes_from_a_checkpoint(tmp_path: Path, head_type: str) -> None:
     """`--resume_from_checkpoint` (a path, or `true` for the output folder's last checkpoint) continues the run
     the checkpoint came from, on the same data split."""
     base_dir = tmp_path / "base"
@@ -106,7 +109,8 @@ def test_recipe_resumes_from_a_checkpoint(tmp_path: Path) -> None:
             [
                 "--base", str(base_dir), "--data", str(data), "--num_heads", "2", "--cache_hidden_states",
                 "--eval_fraction", "0.2", "--output_dir", str(output), "--max_steps", "4", "--save_steps", "2",
-                "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--report_to", "none", *extra,
+                "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--report_to", "none",
+                "--head_type", head_type, *extra,
             ]
         )  # fmt: skip
         return safetensors.torch.load_file(output / "medusa_heads.safetensors")

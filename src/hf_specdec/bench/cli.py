@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
-import platform
 from pathlib import Path
 
 import torch
+import transformers
 
+import hf_specdec
 from hf_specdec.bench.cost_curve import verify_cost_curve
+from hf_specdec.bench.markdown import command_line, machine
 from hf_specdec.bench.methods import METHODS, Method, method_by_name
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
 from hf_specdec.bench.report import BenchmarkResult, format_table, write_outputs
@@ -178,8 +181,12 @@ def run_bench(args: argparse.Namespace) -> int:
         n=args.n,
         dtype=args.dtype,
         device=args.device,
-        machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        machine=machine(args.device),
         torch=torch.__version__,
+        transformers=transformers.__version__,
+        version=hf_specdec.__version__,
+        date=datetime.date.today().isoformat(),
+        command=command_line(),
     )
     if args.cost_curve:
         result.cost_curve = verify_cost_curve(target, batch_size=args.batch_size)

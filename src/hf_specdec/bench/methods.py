@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.drafters.draft_tree import DEFAULT_DEPTH, DEFAULT_TOP_K, draft_tree_spec
+from hf_specdec.drafters.draft_tree import DEFAULT_DEPTH, DEFAULT_TOP_K
 from hf_specdec.trees.dynamic import DynamicTree
 
 
@@ -116,7 +116,7 @@ def method_by_name(name: str) -> Method:
     tree = _DRAFT_TREE.fullmatch(name)
     if tree is not None:
         size, depth, top_k, vocab = tree.groups()
-        spec = draft_tree_spec(int(size))
+        spec: DynamicTree | int = int(size)  # generate() grows the default shape of that many nodes
         if depth is not None or top_k is not None:
             spec = DynamicTree(
                 num_nodes=int(size), depth=int(depth or DEFAULT_DEPTH), top_k=int(top_k or DEFAULT_TOP_K)

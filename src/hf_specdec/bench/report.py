@@ -142,11 +142,15 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 def write_outputs(result: BenchmarkResult, out_dir: Path) -> list[Path]:
-    """Write `results.json` and the PNG plots into `out_dir`; returns the files written."""
+    """Write `results.json`, `results.md` (the table a page embeds, `hf_specdec.bench.markdown`) and the PNG plots
+    into `out_dir`; returns the files written."""
+    from hf_specdec.bench.markdown import format_markdown
+
     out_dir.mkdir(parents=True, exist_ok=True)
     data = result.to_dict()
-    written = [out_dir / "results.json"]
+    written = [out_dir / "results.json", out_dir / "results.md"]
     written[0].write_text(json.dumps(data, indent=2))
+    written[1].write_text(format_markdown(data["summary"], result.settings))
     written += _plots(result, data["summary"], out_dir)
     return written
 

@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import CompileConfig, GenerationMixin, PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_specdec.bench.markdown import call_text
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt, chat_inputs
 from hf_specdec.bench.report import BenchmarkResult, Sample
@@ -142,6 +143,7 @@ def run_benchmark(
             runnable.append(method)
         else:
             result.skipped[method.name] = reason
+    result.settings["arguments"] = {method.name: call_text(method) for method in runnable}
     if draft_vocab is None and any(method.needs_draft_vocab for method in runnable):
         from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
 

@@ -46,7 +46,7 @@ from hf_specdec.trees.row_trees import RowTrees
 
 # A draft tree's shape when `tree=` gives only its size (`tree=16`): growing stops where a depth does not pay,
 # so a deep limit costs nothing where the draft is unsure (Qwen2.5-Coder 1.5B/0.5B, batch 1: 16 nodes to depth 8
-# ran 1.57x plain, 12 nodes to depth 6 1.54x; docs/benchmarks.md, session 10).
+# ran 1.57x plain, 12 nodes to depth 6 1.54x, in one benchmark run).
 DEFAULT_DEPTH = 8
 DEFAULT_TOP_K = 2
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -24,7 +25,6 @@ from hf_specdec import zoo
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
-from hf_specdec.medusa.config import CONFIG_NAME
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory, state_layers
 from hf_specdec.serving.export import check_exportable, export_heads
 from hf_specdec.training.collator import MedusaCollator
@@ -231,7 +231,9 @@ def train_medusa(
     # is tokenised, cached and split on its own: adding a source to --data reuses the hidden states of the
     # others, and each keeps its evaluation examples.
     sources = [config.data] if config.self_distill else [source for source in config.data.split(",") if source]
-    parts = [_tokenize_part(config, training_args, base, tokenizer, source, output_dir) for source in sources]
+    # The base's states the heads train on: the warm start's own (any layout it was loaded from), or fresh heads'.
+    layers = state_layers(config.head_config() if warm is None else warm.config, base)
+    parts = [_tokenize_part(config, training_args, base, tokenizer, source, output_dir, layers) for source in sources]
     if config.eval_fraction:
         if small := [len(part) for part in parts if len(part) < 2]:
             raise ValueError(
@@ -304,6 +306,7 @@ def train_medusa(
         metrics_file = output_dir / METRICS_NAME
         if metrics is not None:
             metrics_file.write_text(json.dumps(metrics, indent=2))
+            print(measured_summary(metrics, medusa_config.num_heads, config.base, output_dir))
         tokenizer.save_pretrained(output_dir)
         for engine in config.export_engines:
             served = _served_base(config.base)
@@ -319,6 +322,17 @@ def train_medusa(
             )
     trainer.accelerator.wait_for_everyone()
     return model
+
+
+def measured_summary(metrics: dict[str, float], num_heads: int, base: str, output_dir: Path) -> str:
+    """What a run measured on its held-out examples, and the command that benchmarks the heads it wrote."""
+    top1 = " / ".join(f"{metrics[f'eval_head{k}_top1']:.3f}" for k in range(num_heads))
+    top5 = " / ".join(f"{metrics[f'eval_head{k}_top5']:.3f}" for k in range(num_heads))
+    return (
+        f"Held-out accuracy by depth: top-1 {top1}; top-5 {top5}; expected tau {metrics['eval_expected_tau']:.2f}.\n"
+        f"Benchmark the heads: hf-specdec bench --target {shlex.quote(base)} --draft none --medusa "
+        f"{shlex.quote(str(output_dir))} --methods plain,medusa-16,medusa-16-lookup"
+    )
 
 
 def base_reference(base: str) -> str:
@@ -358,13 +372,13 @@ def _tokenize_part(
     tokenizer: PreTrainedTokenizerBase,
     source: str,
     output_dir: Path,
+    layers: tuple[int, ...],
 ) -> datasets.Dataset:
-    """One data source tokenised, self-distilled and with the base's hidden states, as configured. Loading and
-    tokenising run on the main process first (the others then read `datasets`' cache); self-distillation and
-    the hidden states are split between the processes."""
+    """One data source tokenised, self-distilled and with the base's hidden states of `layers` (concatenated), as
+    configured. Loading and tokenising run on the main process first (the others then read `datasets`' cache);
+    self-distillation and the hidden states are split between the processes."""
     with training_args.main_process_first(desc="loading data"):
         records = _records(config, source)
-    layers = state_layers(_heads_config(config), base)  # the base's states the heads train on
     if config.self_distill and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.
         distilled = self_distill_with_states(
@@ -424,13 +438,6 @@ def _fresh_model(config: MedusaTrainingConfig, base: PreTrainedModel, labels: li
         token_ids, coverage = _draft_vocabulary(labels, base, config.head_vocab_size)
         medusa_config.extra["head_vocab_coverage"] = round(coverage, 4)
     return MedusaForCausalLM.from_base(base, medusa_config, token_ids=token_ids)
-
-
-def _heads_config(config: MedusaTrainingConfig) -> MedusaConfig:
-    """The config of the heads this run trains: the warm start's own, or the fresh heads' settings."""
-    if config.init_heads is not None and ((folder := local_directory(config.init_heads)) / CONFIG_NAME).exists():
-        return MedusaConfig.from_pretrained(folder)
-    return config.head_config()
 
 
 def _warm_start(init_heads: str, base: PreTrainedModel) -> MedusaForCausalLM:
