@@ -65,3 +65,24 @@ def test_readme_examples_run(tmp_path, monkeypatch) -> None:
             block = block.replace(f'"{hub_id}"', repr(path))
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["out"].shape[0] == 2
+
+
+# Traces of how the library was built, which a user's page has no use for: work sessions, issue numbers and
+# machine-local run folders.
+_HISTORY = re.compile(
+    r"\bsession \d+|\bsessions? of (work|development)|(?<![\w&(/#-])#\d{1,3}\b|/work/runs|bench_results/s\d+_",
+    re.IGNORECASE,
+)
+
+
+def test_user_pages_speak_of_the_library_not_of_how_it_was_built() -> None:
+    pages = [README, DOCS.parent / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]
+    found = [
+        f"{page.name}:{number}: {line.strip()}"
+        for page in pages
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if _HISTORY.search(line)
+    ]
+    assert not found, "\n".join(found)
+    assert _HISTORY.search("as measured in session 4") and _HISTORY.search("fixed in #16")
+    assert not _HISTORY.search("see [Recipes](#recipes) and `--use_py_session`")

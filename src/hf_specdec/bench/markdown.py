@@ -95,5 +95,5 @@ def _identity(entry: dict[str, Any]) -> str:
     if identical is None:
         return ""
     divergences = entry.get("divergences") or []
-    gaps = [d["gap"] for d in divergences if d.get("gap") is not None]
+    gaps = [abs(d["gap"]) for d in divergences if d.get("gap") is not None]
     return identical + (f" (the others: logit gap <= {max(gaps):g})" if gaps else "")
