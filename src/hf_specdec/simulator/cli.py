@@ -5,7 +5,7 @@ Examples:
     hf-specdec simulate --alpha 0.8 --gamma 1..8 --cost-ratio 0.2
     hf-specdec simulate --alpha 0.8 --device h100 --target-params 70e9 --draft-params 8e9 --json
     hf-specdec simulate --alpha 0.9,0.8,0.7,0.6 --gamma 1..4 --cost-ratio 0.4 --cost-curve cpu-qwen-1.5b
-    hf-specdec simulate --tree-probs '[[0.6,0.15],[0.5,0.15],[0.4]]' --tree-sizes 1..11 --cost-ratio 0.05
+    hf-specdec simulate --tree-probs '[[0.6,0.15],[0.5,0.15],[0.4]]' --tree-sizes 1..10 --cost-ratio 0.05
 """
 
 from __future__ import annotations
