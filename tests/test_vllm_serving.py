@@ -23,75 +23,30 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.vllm_fixtures import EVAL_PROMPTS, ROOT, TRAIN_PROMPTS, one_torch_thread, smollm2_heads
+from tests.vllm_fixtures import vllm_python as make_vllm_python
+
 pytestmark = [pytest.mark.vllm, pytest.mark.real_model]
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv-vllm"
 NUM_HEADS = 3
 MAX_TOKENS = 64
-TRAIN_PROMPTS, EVAL_PROMPTS = 72, 8
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread() -> Iterator[None]:
-    """One torch thread on this side: beside another job on a 2-core machine, two threads spin against each other
-    (plain greedy on SmolLM2 measured 113 s with two, 4.6 s with one, for the same 64 tokens)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    yield from one_torch_thread()
 
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
-    subprocess.run(["bash", str(ROOT / "tools" / "make_vllm_venv.sh"), str(VENV)], check=True)
-    return VENV / "bin" / "python"
+    return make_vllm_python()
 
 
 @pytest.fixture(scope="module")
 def heads_dir() -> Path:
     """Medusa heads for SmolLM2-135M (3 heads, the base's lm_head shared, every token): what every engine takes."""
-    from transformers import TrainingArguments
-
-    from hf_specdec.bench.prompts import load_prompts
-    from hf_specdec.training import MedusaTrainingConfig, train_medusa
-    from hf_specdec.zoo import cache_dir
-
-    out = cache_dir() / "heads" / f"smollm2-135m-medusa{NUM_HEADS}-mtbench"
-    if (out / "medusa_heads.safetensors").exists():
-        return out
-    work = out.with_name(out.name + ".work")
-    work.mkdir(parents=True, exist_ok=True)
-    data = work / "questions.jsonl"
-    questions = load_prompts(["mt-bench"], TRAIN_PROMPTS + EVAL_PROMPTS, seed=0)[:TRAIN_PROMPTS]
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q.text}]}) + "\n" for q in questions))
-    config = MedusaTrainingConfig(
-        base="smollm2-135m",
-        data=str(data),
-        num_heads=NUM_HEADS,
-        head_type="medusa",
-        self_distill=True,
-        cache_hidden_states=True,
-        distill_max_new_tokens=96,
-        distill_batch_size=16,
-        max_length=384,
-        eval_fraction=0.1,
-    )
-    arguments = TrainingArguments(
-        output_dir=str(work / "heads"),
-        num_train_epochs=4,
-        per_device_train_batch_size=8,
-        learning_rate=3e-3,
-        warmup_steps=5,
-        lr_scheduler_type="cosine",
-        use_cpu=True,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
-    )
-    train_medusa(config, arguments)
-    (work / "heads").rename(out)
-    return out
+    heads = dict(num_heads=NUM_HEADS, head_type="medusa")
+    return smollm2_heads(f"smollm2-135m-medusa{NUM_HEADS}-mtbench", heads, 4, 3e-3)
 
 
 def test_vllm_serves_exported_heads_with_plain_greedy_output_and_our_acceptance(
