@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Regenerate the results of docs/benchmarks.md (its tables, "Measured on" lines and plots) from one fresh run of
+# the benchmark on this machine: batch 1, then batch 4, then the page's blocks rewritten from the two runs.
+#
+#   bash tools/benchmarks_page.sh [HEADS] [OUT]
+#
+# HEADS: EAGLE-3 heads for Qwen2.5-Coder-1.5B-Instruct (default heads/qwen15-eagle3, which
+# `bash recipes/eagle3_qwen_coder_cpu.sh heads/qwen15-eagle3` makes); OUT: where the runs go (default
+# bench_results). Run it with nothing else running: it times generations (about 45 minutes on 2 CPU cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+heads=${1:-heads/qwen15-eagle3}
+out=${2:-bench_results}
+if [[ ! -d "$heads" ]]; then
+    echo "No heads in $heads: make them with bash recipes/eagle3_qwen_coder_cpu.sh $heads" >&2
+    exit 2
+fi
+common=(--target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --medusa "$heads"
+    --prompts mt-bench,humaneval,gsm8k --n 12 --max-new-tokens 96)
+methods=specdec,specdec-tree16,lookup,specdec-lookup,specdec-int8-lookup,medusa-8,medusa-16-lookup
+hf-specdec bench "${common[@]}" --batch-size 1 --methods "plain,hf-assistant,$methods" --out "$out/qwen_b1"
+# transformers' assisted generation takes batch size 1 only.
+hf-specdec bench "${common[@]}" --batch-size 4 --methods "plain,$methods" --out "$out/qwen_b4"
+python -m hf_specdec.bench.page docs/benchmarks.md batch1="$out/qwen_b1" batch4="$out/qwen_b4"
+echo "docs/benchmarks.md rewritten from $out/qwen_b1 and $out/qwen_b4."
