@@ -13,14 +13,19 @@ from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.entry import speculative_generate
 from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
-from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
+from hf_specdec.medusa import DraftHeads, MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
+from hf_specdec.medusa.eagle import EagleHeads
+from hf_specdec.medusa.eagle3 import Eagle3Heads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import DraftTree, build_tree, preset_tree
 
 __all__ = [
+    "DraftHeads",
     "DraftLengthPolicy",
     "DraftTree",
     "DynamicTree",
+    "Eagle3Heads",
+    "EagleHeads",
     "MedusaConfig",
     "MedusaForCausalLM",
     "MedusaHeads",

@@ -36,12 +36,33 @@ GrowthRule = Callable[[torch.Tensor, torch.Tensor], bool]
 class DynamicTree:
     """A tree grown per row and per step from the drafter's probabilities.
 
+    Pass it as `tree=` to `generate(assistant=draft, ...)` (a draft model grows it), to
+    `generate(use_mtp=True, ...)` (the model's first multi-token-prediction layer grows it) or to
+    `MedusaForCausalLM.generate(medusa=True, ...)` (the heads grow it).
+
+    Defaults by drafter. `DynamicTree()` itself means 8 nodes and `top_k=4` for every drafter; its `depth`, left
+    unset, is set by the drafter that grows it:
+
+    - a draft model (`assistant=`): at most 8 deep. `tree=<int>` there is that many nodes grown at most 8
+      deep with `top_k=2`;
+    - the model's MTP layers (`use_mtp=True`): at most 4 deep; `tree=<int>`: that many nodes, 4 deep, `top_k=4`;
+    - Medusa and recurrent heads: `num_heads` deep (as deep as the heads were trained to draft);
+      `tree="dynamic"` is `DynamicTree()`, while `tree=<int>` and no `tree=` give static trees there
+      (`DraftTree`). Medusa heads cannot draft deeper than `num_heads`; recurrent heads can;
+    - EAGLE and EAGLE-3 heads, which always grow their trees: `num_heads` deep, and deeper when asked.
+      `tree=<int>` is that many nodes with `top_k=4`; no `tree=` or `tree="dynamic"` is 16 nodes with
+      `top_k=4` (not `DynamicTree()`'s 8).
+
+    A `tree=<int>` of more nodes than its depth and `top_k` can grow is cut to `max_nodes`; a `DynamicTree` of
+    more `num_nodes` than that is refused. With the adaptive schedule (`num_assistant_tokens_schedule="adaptive"`,
+    the default) growing stops early where one more depth does not pay, so `depth` is a limit; `"constant"` grows
+    and verifies the whole tree at every step.
+
     Args:
         num_nodes (`int`): drafted nodes verified per step, the root not counted (unlike `DraftTree.num_nodes`,
             which counts it): the verification cost. At most `max_nodes`, what `depth` and `top_k` can grow.
         depth (`int`, *optional*): how deep the tree may grow (the most drafted tokens a step can accept);
-            default: as deep as the heads were trained to draft (`num_heads`). Recurrent heads can draft
-            deeper than that; Medusa heads cannot.
+            default: set by the drafter (above).
         top_k (`int`): children per expanded node, and nodes expanded per depth.
     """
 
