@@ -116,9 +116,9 @@ def speculative_generate(
             more tokens per unit of cost. Lossless, at any batch size. With the "adaptive" schedule (default)
             fewer are proposed when the measured acceptance at later positions does not pay for verifying them;
             `num_assistant_tokens_schedule="constant"` always proposes this many.
-        max_matching_ngram_size (`int`): the longest n-gram prompt lookup matches (default 3).
-        With a draft model and prompt lookup, `num_assistant_tokens_schedule` applies to the draft model, and
-        the lookup is adaptive unless the schedule is `"constant"`.
+        max_matching_ngram_size (`int`): the longest n-gram prompt lookup matches (default 3). With a draft model
+            and prompt lookup, `num_assistant_tokens_schedule` applies to the draft model, and the lookup is
+            adaptive unless the schedule is `"constant"`.
         generator (`torch.Generator`): randomness for sampling (default: torch's global generator).
         speculative_costs (`SpeculativeCosts`): fixed costs of a draft forward and of verifying one more token,
             instead of timings measured while decoding (e.g. `out.speculative.costs` of an earlier run). Draft

@@ -181,7 +181,7 @@ class DraftHeads(nn.Module):
         Args:
             hidden (`torch.Tensor` of shape `(batch, hidden)`): the base's last hidden state, the one that
                 chose `root`.
-            root (`torch.LongTensor` of shape `(batch,)`).
+            root (`torch.LongTensor` of shape `(batch,)`): the base's next token, the tree's root.
             tree (`DraftTree`): no deeper than `num_heads`.
             lm_head, embeddings: the base's output projection and input embeddings.
         """

@@ -25,7 +25,8 @@ from hf_specdec.training.metrics import TOP_K, HeadMetrics
 
 
 class MedusaTrainer(Trainer):
-    """A `Trainer` for `MedusaForCausalLM`.
+    """A `Trainer` for `MedusaForCausalLM`. All other arguments are `Trainer`'s; `compute_metrics` defaults to
+    [`HeadMetrics`].
 
     Args:
         head_decay (`float`): head k's loss weight is `head_decay ** k` (Medusa: 0.8).
@@ -34,7 +35,6 @@ class MedusaTrainer(Trainer):
         feature_weight (`float`): EAGLE heads: the weight of their feature regression.
         soft_targets (`bool`): heads learn the base's whole next-token distributions, not its tokens (see
             `hf_specdec.medusa.loss.medusa_objective`).
-        All other arguments are `Trainer`'s; `compute_metrics` defaults to [`HeadMetrics`].
     """
 
     def __init__(
