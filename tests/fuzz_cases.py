@@ -40,6 +40,7 @@ from transformers import logging as transformers_logging
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec.bench import quantized
 from tests.tiny_models import BOS, EOS, PAD, VOCAB, tiny_model
 
 # ---------------------------------------------------------------------------------------------------------
@@ -75,6 +76,7 @@ PATHS = (
     "medusa",
     "medusa_dynamic",
     "medusa_lookup",
+    "medusa_eagle",
 )
 MAX_NEW = 24
 PADDED_VOCAB = 112  # embedding matrices padded past the tokenizer's 96 tokens
@@ -121,10 +123,18 @@ def perfect_draft(arch: str) -> PreTrainedModel:
 
 
 @functools.cache
+def int8_draft(arch: str) -> PreTrainedModel:
+    """The target with its linear layers in int8 (torch's dynamic quantisation, as a CPU user makes a cheaper
+    draft): near the target's guesses, not equal to them."""
+    return quantized.int8_draft(target(arch))
+
+
+@functools.cache
 def medusa(arch: str, head_type: str) -> MedusaForCausalLM:
     """Random heads on the target itself (so plain `target(arch).generate()` is the reference)."""
     torch.manual_seed(11)
-    config = MedusaConfig(num_heads=3, head_type=head_type, share_lm_head=arch != "gpt2")
+    share = arch != "gpt2" and head_type != "eagle3"  # EAGLE-3 heads project onto their own draft vocabulary
+    config = MedusaConfig(num_heads=3, head_type=head_type, share_lm_head=share)
     return MedusaForCausalLM.from_base(target(arch), config).eval()
 
 
@@ -255,7 +265,7 @@ class Case:
     defaults: dict[str, Any] = field(default_factory=dict)  # set on model.generation_config for the call
     path_kwargs: dict[str, Any] = field(default_factory=dict)  # the speculative path's own arguments
     mask: str = "mask"  # "mask": an attention mask; "none": no mask (all rows the same length)
-    draft: str = "poor"  # assistant paths: poor | perfect | padded_draft | padded_target
+    draft: str = "poor"  # assistant paths: poor | perfect | padded_draft | padded_target | int8
     draft_arch: str = "llama"
     head_type: str = "medusa"
     processor: bool = False  # NoImmediateRepeat as a user logits processor
@@ -456,7 +466,7 @@ def cases(draw: st.DrawFn, path: str) -> Case:
         case.draft = (
             "perfect"
             if path == "assistant_perfect"
-            else draw(st.sampled_from(["poor"] * 6 + ["padded_draft", "padded_target"]))
+            else draw(st.sampled_from(["poor"] * 6 + ["padded_draft", "padded_target", "int8", "int8"]))
         )
         case.draft_arch = draw(st.sampled_from(ARCHS)) if case.draft.startswith("poor") else arch
         if path == "assistant_tree":  # a draft model growing a tree: the tree sets the shape, not the chain settings
@@ -477,13 +487,28 @@ def cases(draw: st.DrawFn, path: str) -> Case:
             kw["num_assistant_tokens_schedule"] = draw(st.sampled_from(["constant", "adaptive", "heuristic"]))
         if draw(st.integers(0, 4)) == 0:
             kw["assistant_confidence_threshold"] = draw(st.sampled_from([0.1, 0.5, 0.9]))
-    if path in ("lookup", "hybrid", "medusa_lookup"):
+    if path in ("lookup", "hybrid", "medusa_lookup") or (path == "medusa_eagle" and draw(st.booleans())):
         kw["prompt_lookup_num_tokens"] = draw(st.integers(1, 10))
         if draw(st.booleans()):
             kw["max_matching_ngram_size"] = draw(st.integers(1, 4))
         if path != "hybrid" and draw(st.booleans()):
             kw["num_assistant_tokens_schedule"] = draw(st.sampled_from(["constant", "adaptive"]))
-    if path.startswith("medusa"):
+    if path == "medusa_eagle":  # EAGLE and EAGLE-3 heads always grow their trees, as deep as asked
+        case.head_type = draw(st.sampled_from(["eagle", "eagle3"]))
+        kw["medusa"] = True
+        depth, top_k = draw(st.one_of(st.none(), st.integers(1, 5))), draw(st.integers(1, 4))
+        most = top_k + ((depth or 3) - 1) * top_k**2
+        tree = draw(
+            st.one_of(
+                st.none(),
+                st.just("dynamic"),
+                st.integers(1, 16),
+                st.builds(DynamicTree, num_nodes=st.integers(1, most), depth=st.just(depth), top_k=st.just(top_k)),
+            )
+        )
+        if tree is not None:
+            kw["tree"] = tree
+    elif path.startswith("medusa"):
         case.head_type = draw(st.sampled_from(["medusa", "recurrent"]))
         kw["medusa"] = True
         if path == "medusa_dynamic":
@@ -519,22 +544,25 @@ _PATH_KWARGS: dict[str, dict[str, Any]] = {
     "medusa": {"medusa": True},
     "medusa_dynamic": {"medusa": True, "tree": "dynamic"},
     "medusa_lookup": {"medusa": True, "prompt_lookup_num_tokens": 3},
+    "medusa_eagle": {"medusa": True},
 }
 
 
 def known_divergences(path: str) -> list[Case]:
     kw = _PATH_KWARGS[path]
     draft = "perfect" if path == "assistant_perfect" else "poor"
+    heads = {"head_type": "eagle3"} if path == "medusa_eagle" else {}
     greedy = {"max_new_tokens": 12, "do_sample": False}
     cases = [
         # An explicit None (eos / pad / top_k) replaced by the model's default.
-        Case("llama", _PROMPTS, {**greedy, "eos_token_id": None}, {"eos_token_id": 94}, dict(kw), draft=draft),
+        Case("llama", _PROMPTS, {**greedy, "eos_token_id": None}, {"eos_token_id": 94}, dict(kw), draft=draft, **heads),
         Case(
             "llama",
             _PROMPTS,
             {**greedy, "pad_token_id": None},
             {"eos_token_id": 94, "pad_token_id": 7},
             dict(kw),
+            **heads,
             draft=draft,
         ),
         Case(
@@ -543,11 +571,19 @@ def known_divergences(path: str) -> list[Case]:
             {"max_new_tokens": 4, "top_k": None, "return_dict_in_generate": True, "output_scores": True},
             {"do_sample": True, "top_k": 1},
             dict(kw),
+            **heads,
             draft=draft,
         ),
         # stop_strings (Medusa: "could not locate a tokenizer").
         Case(
-            "llama", _PROMPTS, {**greedy, "stop_strings": TOKEN_STRINGS[94]}, {}, dict(kw), draft=draft, tokenizer=True
+            "llama",
+            _PROMPTS,
+            {**greedy, "stop_strings": TOKEN_STRINGS[94]},
+            {},
+            dict(kw),
+            **heads,
+            draft=draft,
+            tokenizer=True,
         ),
         # No EOS id: a row a custom criterion stopped goes on (plain pads only with an EOS criterion).
         Case(
@@ -556,6 +592,7 @@ def known_divergences(path: str) -> list[Case]:
             {**greedy, "eos_token_id": None, "pad_token_id": 0},
             {},
             dict(kw),
+            **heads,
             draft=draft,
             stop_on=(94,),
         ),
@@ -575,6 +612,7 @@ def known_divergences(path: str) -> list[Case]:
             banned_pad,
             {},
             dict(kw),
+            **heads,
             draft="other_perfect" if path == "other_tokenizer" else draft,
             processor=True,
             prefix_fn=True,
@@ -584,7 +622,9 @@ def known_divergences(path: str) -> list[Case]:
     )
     if path in ("assistant_poor", "hybrid"):
         # A draft whose embedding matrix is smaller than the target's logits.
-        cases.append(Case("llama", _PROMPTS, dict(greedy), {}, dict(kw), draft="padded_target", draft_arch="llama"))
+        cases.append(
+            Case("llama", _PROMPTS, dict(greedy), {}, dict(kw), **heads, draft="padded_target", draft_arch="llama")
+        )
     return cases
 
 
@@ -638,6 +678,8 @@ def path_call(case: Case, path: str) -> tuple[Any, dict[str, Any]]:
     if path.startswith("assistant") or path == "hybrid":
         if case.draft == "perfect":
             kw["assistant"] = perfect_draft(case.arch)
+        elif case.draft == "int8":
+            kw["assistant"] = int8_draft(case.arch)
         else:
             kw["assistant"] = poor_draft(case.draft_arch, padded=case.draft == "padded_draft")
         if case.draft in ("padded_draft", "padded_target"):

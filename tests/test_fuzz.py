@@ -98,3 +98,10 @@ def test_medusa_dynamic_tree(case: Case) -> None:
 @given(case=cases("medusa_lookup"))
 def test_medusa_tree_and_lookup(case: Case) -> None:
     check(case, "medusa_lookup")
+
+
+@PROFILE
+@known("medusa_eagle")
+@given(case=cases("medusa_eagle"))
+def test_eagle_heads(case: Case) -> None:
+    check(case, "medusa_eagle")
