@@ -47,7 +47,7 @@ from tests.tiny_models import BOS, EOS, PAD, VOCAB, tiny_model
 # Profiles
 # ---------------------------------------------------------------------------------------------------------
 
-CI_EXAMPLES = 50  # per path; 8 paths
+CI_EXAMPLES = 50  # per path
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 # No shrinking in "ci": a failing case is printed as drawn (a `Case(...)` to paste into `@example`), at once.
 settings.register_profile(
@@ -59,8 +59,14 @@ settings.register_profile(
     suppress_health_check=_HEALTH,
     phases=(Phase.explicit, Phase.reuse, Phase.generate),
 )
+# "long": 5,000 random cases per path, or FUZZ_EXAMPLES.
 settings.register_profile(
-    "long", max_examples=5000, derandomize=False, deadline=None, database=None, suppress_health_check=_HEALTH
+    "long",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "5000")),
+    derandomize=False,
+    deadline=None,
+    database=None,
+    suppress_health_check=_HEALTH,
 )
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

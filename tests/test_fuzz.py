@@ -6,7 +6,7 @@ refusal must be a documented one, a `ValueError` naming the argument. One test p
 case count is per path: "ci" by default, `HYPOTHESIS_PROFILE=long` for >= 5,000 random cases per path.
 
     python -m pytest tests/test_fuzz.py -q                              # ci
-    HYPOTHESIS_PROFILE=long python -m pytest tests/test_fuzz.py -q -x    # long
+    HYPOTHESIS_PROFILE=long python -m pytest tests/test_fuzz.py -q -x    # long (FUZZ_EXAMPLES=N: N per path)
 """
 
 from __future__ import annotations
