@@ -16,14 +16,23 @@ import sys
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from hf_specdec.training import MedusaTrainingConfig, train_medusa
+from hf_specdec.extras import MissingExtraError, require
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = HfArgumentParser((MedusaTrainingConfig, TrainingArguments))
-    config, training_args = parser.parse_args_into_dataclasses(args=argv)
-    arguments = sys.argv[1:] if argv is None else argv
-    train_medusa(config, training_args, command=shlex.join(["python", "recipes/train_medusa.py", *arguments]))
+    """Train heads as the command line `argv` (default: `sys.argv[1:]`) asks. A missing optional dependency (the
+    `[train]` extra; gguf, of `[models]`, for a zoo base still to convert) ends the run at once, before any model
+    loads, with one line naming the package and the command that installs it."""
+    try:
+        require("train", "datasets", "peft", purpose="Training heads")
+        from hf_specdec.training import MedusaTrainingConfig, train_medusa
+
+        parser = HfArgumentParser((MedusaTrainingConfig, TrainingArguments))
+        config, training_args = parser.parse_args_into_dataclasses(args=argv)
+        arguments = sys.argv[1:] if argv is None else argv
+        train_medusa(config, training_args, command=shlex.join(["python", "recipes/train_medusa.py", *arguments]))
+    except MissingExtraError as error:
+        raise SystemExit(f"train_medusa.py: error: {error}") from None
 
 
 if __name__ == "__main__":

@@ -247,23 +247,24 @@ def test_unwritable_folders_are_refused_as_the_os_reports_them(
 
 def test_bench_without_matplotlib_stops_before_the_benchmark(monkeypatch, capsys, sandbox) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert_refused(["bench", "--out", "results"], capsys, "needs matplotlib", 'pip install "hf_specdec[plot]"')
+    assert_refused(["bench", "--out", "results"], capsys, "needs matplotlib", 'pip install -e ".[bench]"')
     assert not sandbox["bench"].calls and not Path("results").exists()
 
 
 def test_simulate_plot_without_matplotlib(monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert_refused(["simulate", "--plot", "speedup.png"], capsys, "--plot needs matplotlib", "hf_specdec[plot]")
+    argv = ["simulate", "--cost-ratio", "0.2", "--plot", "speedup.png"]
+    assert_refused(argv, capsys, "--plot needs matplotlib", 'pip install -e ".[plot]"')
     assert not Path("speedup.png").exists()
-    assert run_cli(["simulate", "--json"], capsys)[0] == 0  # no plot: no matplotlib needed
+    assert run_cli(["simulate", "--cost-ratio", "0.2", "--json"], capsys)[0] == 0  # no plot: no matplotlib needed
 
 
 def test_zoo_models_to_convert_need_gguf(tmp_path: Path, monkeypatch, capsys, sandbox) -> None:
     monkeypatch.setitem(sys.modules, "gguf", None)
     for argv in (["demo"], ["bench", "--draft", "none"]):
-        assert_refused(argv, capsys, "converting zoo model qwen2.5-coder-1.5b", 'pip install "hf_specdec[models]"')
+        assert_refused(argv, capsys, "converting zoo model qwen2.5-coder-1.5b", 'pip install -e ".[models]"')
     assert_refused(
-        ["export", "org/heads", "--to", "vllm", "--out", "o", "--base", "smollm2-135m"], capsys, "hf_specdec[models]"
+        ["export", "org/heads", "--to", "vllm", "--out", "o", "--base", "smollm2-135m"], capsys, '".[models]"'
     )
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):  # converted already: gguf is not needed
         (tmp_path / "cache" / "models" / name).mkdir(parents=True)
@@ -273,9 +274,9 @@ def test_zoo_models_to_convert_need_gguf(tmp_path: Path, monkeypatch, capsys, sa
 
 def test_heads_with_base_adapters_need_peft(medusa2_heads: Path, monkeypatch, capsys, sandbox) -> None:
     monkeypatch.setitem(sys.modules, "peft", None)
-    assert_refused(["bench", "--medusa", str(medusa2_heads)], capsys, "needs peft", 'pip install "hf_specdec[train]"')
+    assert_refused(["bench", "--medusa", str(medusa2_heads)], capsys, "needs peft", 'pip install -e ".[train]"')
     argv = ["export", str(medusa2_heads), "--to", "vllm", "--out", "o", "--merge-base-into", "merged"]
-    assert_refused(argv, capsys, "needs peft", "hf_specdec[train]")
+    assert_refused(argv, capsys, "needs peft", '".[train]"')
     assert not sandbox["bench"].calls and not Path("o").exists() and not Path("merged").exists()
 
 
@@ -342,7 +343,7 @@ def test_good_input_reaches_the_work(tmp_path: Path, capsys, sandbox) -> None:
         ("demo", ["(default: 96)", "(default: bfloat16)", *ZOO]),
         ("bench", ["(default: 12)", "(default: bench_results)", "(default: plain,hf-assistant", *ZOO]),
         ("data", ["(default: 1000)", "(default: 0.0)"]),
-        ("simulate", ["(default: 0..8)", "(default: 0.8)", "(default: 0.0)"]),
+        ("simulate", ["(default: 0..8)", "(default: 0.8)", "(default: 2.0)"]),
         ("export", ["(default: bfloat16)", "--merge-base-into DIR", *ZOO]),
     ],
 )

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
-_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
-
-
-def python_blocks(page: Path) -> list[str]:
-    return _BLOCK.findall(page.read_text())
+from tests.docs_blocks import DOCS, README, python_blocks, run_python
 
 
 def test_usage_page_has_examples() -> None:
@@ -35,10 +29,7 @@ def test_usage_examples_run(monkeypatch) -> None:
     monkeypatch.chdir(DOCS.parent)  # the page's paths are relative to the repository's root
     namespace: dict = {}
     for block in python_blocks(DOCS / "usage.md"):
-        exec(compile(block, str(DOCS / "usage.md"), "exec"), namespace)
-
-
-README = DOCS.parent / "README.md"
+        run_python(block, DOCS / "usage.md", namespace)
 
 
 @pytest.mark.real_model
@@ -61,9 +52,7 @@ def test_readme_examples_run(tmp_path, monkeypatch) -> None:
     assert len(blocks) >= 2
     namespace: dict = {}
     for block in blocks:
-        for hub_id, path in stand_ins.items():
-            block = block.replace(f'"{hub_id}"', repr(path))
-        exec(compile(block, str(README), "exec"), namespace)
+        run_python(block, README, namespace, stand_ins)
     assert namespace["out"].shape[0] == 2
 
 

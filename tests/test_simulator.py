@@ -17,9 +17,9 @@ import torch
 from hf_specdec.simulator import (
     CPU_QWEN_1_5B_BF16,
     DEVICES,
+    EPYC_2_THREADS,
     H100_SXM,
     SPEC_BENCH_A100_VICUNA_7B,
-    THIS_CPU,
     CostCurve,
     Device,
     ModelSpec,
@@ -202,12 +202,12 @@ def test_70b_on_h100_is_42_ms_per_token() -> None:
 
 def test_cpu_preset_is_the_fit_to_the_measurements() -> None:
     fitted = fit_serial_device("cpu", QWEN_1_5B, CPU_QWEN_1_5B_BF16, 1e-3, draft=(QWEN_0_5B, 0.055))
-    assert fitted.memory_bandwidth == pytest.approx(THIS_CPU.memory_bandwidth, rel=1e-3)
-    assert fitted.peak_flops == pytest.approx(THIS_CPU.peak_flops, rel=1e-3)
-    assert fitted.overhead == pytest.approx(THIS_CPU.overhead, rel=1e-3)
+    assert fitted.memory_bandwidth == pytest.approx(EPYC_2_THREADS.memory_bandwidth, rel=1e-3)
+    assert fitted.peak_flops == pytest.approx(EPYC_2_THREADS.peak_flops, rel=1e-3)
+    assert fitted.overhead == pytest.approx(EPYC_2_THREADS.overhead, rel=1e-3)
     for n, ms in zip(CPU_QWEN_1_5B_BF16.tokens, CPU_QWEN_1_5B_BF16.times, strict=True):
-        assert forward_time(QWEN_1_5B, THIS_CPU, n) * 1e3 == pytest.approx(ms, rel=0.15)
-    assert forward_time(QWEN_0_5B, THIS_CPU) * 1e3 == pytest.approx(55.0, rel=1e-3)
+        assert forward_time(QWEN_1_5B, EPYC_2_THREADS, n) * 1e3 == pytest.approx(ms, rel=0.15)
+    assert forward_time(QWEN_0_5B, EPYC_2_THREADS) * 1e3 == pytest.approx(55.0, rel=1e-3)
 
 
 def test_predict_on_device() -> None:
@@ -343,7 +343,7 @@ def test_cli_device_sweep(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["target_ms_per_token"] == pytest.approx(41.79, abs=0.01)
     assert [row["draft_length"] for row in report["predictions"]] == list(range(1, 9))
     assert report["recommended"]["draft_length"] == 5
-    status, out, _ = _run(argv, capsys)  # the table
+    status, out, _ = _run([*argv, "--cost-ratio", "0.05"], capsys)  # the table; without a draft, c is given
     assert status == 0 and "recommended: draft length" in out
 
 
@@ -352,6 +352,34 @@ def test_cli_errors_are_loud(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 2 and "probability in [0, 1]" in err
     status, _, err = _run(["--device", "h100"], capsys)
     assert status == 2 and "--target-params" in err
+
+
+def test_cli_without_a_draft_cost_is_refused_and_says_what_to_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = _run(["--alpha", "0.8"], capsys)  # not priced at nothing (4.33x at gamma 8)
+    assert status == 2 and not out
+    assert "the draft's cost is not given: pass --cost-ratio C" in err
+    assert "or --device, --target-params and --draft-params" in err
+    status, out, err = _run(["--alpha", "0.8", "--device", "h100", "--target-params", "70e9"], capsys)
+    assert status == 2 and not out and "pass --cost-ratio C" in err and "or --draft-params N" in err
+    status, out, _ = _run(["--alpha", "0.8", "--cost-ratio", "0", "--json"], capsys)  # free only when asked
+    assert status == 0 and json.loads(out)["expected_speedup"] == pytest.approx(4.3289, abs=5e-5)
+
+
+def test_cli_checks_the_acceptance_before_asking_for_the_draft_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in (
+        (["--alpha", "80"], "probability in [0, 1]"),
+        (["--alpha", "0.9,0.8", "--gamma", "3"], "2 per-position acceptance rates cannot describe a draft of 3"),
+        (["--tree-probs", "[[1.5]]"], "accept_probs[0][0] must be a probability in [0, 1]"),
+        (["--tree-probs", "[[0.5]]", "--tree-sizes", "2"], "no tree of 2 nodes"),
+    ):
+        status, _, err = _run(argv, capsys)
+        assert status == 2 and message in err and "--cost-ratio" not in err, argv
+
+
+def test_cli_refuses_two_costs_for_the_draft(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--device", "h100", "--target-params", "70e9", "--draft-params", "8e9", "--cost-ratio", "0.1"]
+    status, out, err = _run(argv, capsys)
+    assert status == 2 and not out and "pass one of them" in err
 
 
 def test_cli_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,7 +99,7 @@ def test_recipe_publishes_card_config_heads_and_metrics_and_they_load_back(
 
     card = ModelCard(files["README.md"].decode())
     assert card.data.library_name == "hf_specdec"
-    assert {"medusa", "speculative-decoding", head_type} <= set(card.data.tags)
+    assert {"speculative-decoding", head_type} <= set(card.data.tags)
     assert card.data.base_model is None  # a local folder is not Hub metadata
     assert "Model Card for Model ID" not in card.text
     assert "python recipes/train_medusa.py --base" in card.text and "--push_to_hub" in card.text
@@ -154,6 +154,57 @@ def test_from_pretrained_takes_revision_token_cache_dir_and_works_offline(tmp_pa
     # HF_HUB_OFFLINE=1 (read by huggingface_hub at import, hence the constant) without local_files_only.
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     assert heads_equal(MedusaForCausalLM.from_pretrained(REPO, base_model=base, cache_dir=cache), "a" * 40)
+
+
+@pytest.mark.parametrize(
+    ("head_type", "fields", "title", "structure", "wrong"),
+    [
+        (
+            "medusa",
+            {"num_layers": 2},
+            "# Medusa heads for org/base",
+            ["3 independent Medusa heads", "2 residual SiLU blocks per head", "tree: the preset medium"],
+            ["EAGLE", "decoder"],
+        ),
+        (
+            "recurrent",
+            {},
+            "# Recurrent draft heads for org/base",
+            ["one recurrent drafter shared by every depth", "1 residual SiLU block;", "drafts 3 deep"],
+            ["Medusa heads", "EAGLE", "per head"],
+        ),
+        (
+            "eagle",
+            {"intermediate_size": 96},
+            "# EAGLE draft head for org/base",
+            ["EAGLE-1/2 architecture", "a decoder of 1 layer of the base's own architecture", "MLP width 96"],
+            ["Medusa", "residual", "per head", "preset"],
+        ),
+        (
+            "eagle3",
+            {"feature_layers": [1, 4, 7]},
+            "# EAGLE-3 draft head for org/base",
+            ["one Llama-style layer", "hidden states 1, 4 and 7", "its own lm_head", "a dynamic tree"],
+            ["Medusa", "residual", "per head", "preset", "the base's lm_head"],
+        ),
+    ],
+)
+def test_the_card_names_the_head_type_and_describes_its_structure(
+    head_type: str, fields: dict, title: str, structure: list[str], wrong: list[str]
+) -> None:
+    config = MedusaConfig(
+        num_heads=3, head_type=head_type, base_model_name_or_path="org/base", measured_top1=[0.5, 0.3, 0.2], **fields
+    )
+    card = model_card(config)
+    body = card.text.split("## Usage")[0]  # the usage snippet names MedusaForCausalLM whatever the heads
+    assert body.lstrip().startswith(title)
+    assert f"- head type: `{head_type}`" in body and head_type in card.data.tags
+    for text in structure:
+        assert text in body, text
+    for text in wrong:
+        assert text not in body, text
+    column = "head" if head_type == "medusa" else "depth"
+    assert f"| | {column} 1 | {column} 2 | {column} 3 |" in body
 
 
 def test_model_card_metadata_and_push_keep_the_librarys_card(tmp_path: Path, hub: HubRecorder) -> None:

@@ -5,7 +5,6 @@ name the extra to install. Subcommands build their parsers from these (`hf_specd
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import re
@@ -14,6 +13,7 @@ from typing import NoReturn
 
 import torch
 
+from hf_specdec.extras import MissingExtraError, require
 from hf_specdec.zoo import ZOO, cache_dir
 
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -24,8 +24,9 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     IsADirectoryError,
     NotADirectoryError,
     PermissionError,
+    MissingExtraError,
 )
-"""What bad input raises, reported by `main` as one line and exit status 2."""
+"""What bad input raises (a missing optional dependency included), reported by `main` as one line and exit status 2."""
 
 ZOO_NAMES = ", ".join(ZOO)
 MODEL_HELP = f"zoo name ({ZOO_NAMES}), local folder or Hub id (org/name)"
@@ -178,24 +179,8 @@ def _folder_or_hub_id(text: str, expected: str) -> str:
 # Optional dependencies -------------------------------------------------------------------------------------
 
 
-def require(module: str, extra: str, purpose: str) -> None:
-    """Raise a `ValueError` naming the extra to install when `module` cannot be imported.
-
-    Args:
-        module (`str`): the module to import, e.g. `"matplotlib"`.
-        extra (`str`): the extra of `pyproject.toml` that installs it, e.g. `"plot"`.
-        purpose (`str`): what needs it, e.g. `"--out's plots"`.
-    """
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise ValueError(
-            f'{purpose} needs {module}, which is not installed: pip install "hf_specdec[{extra}]"'
-        ) from None
-
-
 def require_zoo_converter(*names: str | None) -> None:
     """Check that gguf is installed when any of the zoo models `names` still has to be converted (its first use)."""
     for name in names:
         if name in ZOO and not (cache_dir() / "models" / name).is_dir():  # where `zoo.model_path` keeps it
-            require("gguf", "models", f"converting zoo model {name} on its first use")
+            require("models", "gguf", purpose=f"converting zoo model {name} on its first use")

@@ -26,7 +26,6 @@ model, tokenizer = load_model("smollm2-135m", dtype=torch.bfloat16)
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -48,6 +47,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from hf_specdec.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +266,8 @@ def model_path(name: str) -> Path:
 
     Raises:
         `ValueError`: if `name` is neither a zoo name nor an existing folder.
-        `ImportError`: if the model must be converted and gguf (the `[models]` extra) is not installed.
+        `hf_specdec.extras.MissingExtraError` (an `ImportError`): if the model must be converted and gguf (the
+            `[models]` extra) is not installed.
     """
     entry = ZOO.get(name)
     if entry is None:
@@ -275,10 +277,7 @@ def model_path(name: str) -> Path:
     target = cache_dir() / "models" / entry.name
     if target.is_dir():
         return target
-    if importlib.util.find_spec("gguf") is None:  # before downloading anything
-        raise ImportError(
-            f'Converting zoo model {name!r} on its first use needs the gguf library: pip install "hf_specdec[models]".'
-        )
+    require("models", "gguf", purpose=f"Converting zoo model {name!r} on its first use")  # before downloading
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{entry.name}.tmp-") as tmp:
         gguf_path = fetch_gguf(entry, Path(tmp) / "gguf")

@@ -14,7 +14,7 @@ import transformers
 import hf_specdec
 from hf_specdec.bench.cost_curve import verify_cost_curve
 from hf_specdec.bench.markdown import command_line, machine
-from hf_specdec.bench.methods import METHODS, Method, method_by_name
+from hf_specdec.bench.methods import METHODS, PATTERNS, Method, method_by_name
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
 from hf_specdec.bench.report import BenchmarkResult, format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
@@ -26,9 +26,9 @@ from hf_specdec.cli_args import (
     output_folder,
     positive_int,
     random_seed,
-    require,
     require_zoo_converter,
 )
+from hf_specdec.extras import require
 from hf_specdec.generation.mixin import speculative
 from hf_specdec.zoo import load_model
 
@@ -42,6 +42,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         help="benchmark decoding methods on real models and prompts",
         description="Benchmark decoding methods on real models and prompts, interleaved batch by batch "
         "(docs/benchmarks.md); writes results.json and PNG plots into --out.",
+        epilog=_patterns_help(),
         formatter_class=HelpFormatter,
     )
     bench.add_argument("--target", type=model_source, default="qwen2.5-coder-1.5b", help=MODEL_HELP)
@@ -62,13 +63,18 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         "--methods",
         type=_methods,
         default="plain,hf-assistant,hf-assistant-5h,specdec",
-        help=f"comma-separated, plain first: {sorted(METHODS)}, medusa-N / medusa-dynN[-lookup] for Medusa trees of "
-        "N nodes, specdec-treeN[-dD][-kK][-vocab] for a draft model's tree",
+        help=f"comma-separated, plain first, from: {', '.join(sorted(METHODS))}; or by pattern (N, D, K: whole "
+        f"numbers >= 1, see below): {', '.join(PATTERNS)}",
     )
     bench.add_argument("--do-sample", action="store_true", help="sample instead of greedy (no identity check)")
     bench.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the models")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    bench.add_argument("--device", type=_device, default=default_device, help="cpu, cuda, cuda:N or mps")
+    bench.add_argument(
+        "--device",
+        type=_device,
+        default=default_device,
+        help="cpu, cuda, cuda:N or mps (default: cuda where torch sees one, else cpu; here %(default)s)",
+    )
     bench.add_argument("--cost-curve", action="store_true", help="also time target forwards over 1..64 tokens")
     bench.add_argument(
         "--compile",
@@ -78,6 +84,14 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--seed", type=random_seed, default=0, help="seed of the prompt sample and of sampling")
     bench.add_argument("--out", type=output_folder, default="bench_results", help="folder for results.json and plots")
+
+
+def _patterns_help() -> str:
+    """The methods named by pattern, one a line, with what each runs."""
+    width = max(map(len, PATTERNS))
+    return "methods by pattern (N, D, K: whole numbers >= 1):\n" + "\n".join(
+        f"  {pattern:<{width}}  {meaning}" for pattern, meaning in PATTERNS.items()
+    )
 
 
 def _draft_source(text: str) -> str | None:
@@ -124,7 +138,7 @@ def _device(text: str) -> str:
 def check_bench_args(args: argparse.Namespace) -> None:
     """Refuse, before any model loads, what the run would fail on: missing optional dependencies (matplotlib for
     the plots, gguf for a zoo model's first use, peft for heads with base adapters) and heads that are not there."""
-    require("matplotlib", "plot", "--out's plots")
+    require("bench", "matplotlib", purpose="writing --out's plots")
     require_zoo_converter(args.target, args.draft)
     if args.medusa is not None:
         _check_heads(args.medusa)
@@ -138,7 +152,7 @@ def _check_heads(heads: str) -> None:
     if folder.is_dir():
         heads_config(folder, "--medusa")
         if (folder / ADAPTER_FOLDER).is_dir():
-            require("peft", "train", f"--medusa {heads} (heads trained with LoRA adapters on the base)")
+            require("train", "peft", purpose=f"--medusa {heads} (heads trained with LoRA adapters on the base)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -27,7 +27,12 @@ def add_gpu_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    gpu.add_argument("--device", type=_device, default=default_device, help="cuda, cuda:N or cpu")
+    gpu.add_argument(
+        "--device",
+        type=_device,
+        default=default_device,
+        help="cuda, cuda:N or cpu (default: cuda where torch sees one, else cpu; here %(default)s)",
+    )
     gpu.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="model dtype")
     from hf_specdec.bench.real_sizes import PAIRS, REAL_SIZES
 

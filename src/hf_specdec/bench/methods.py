@@ -90,6 +90,27 @@ METHODS: dict[str, Method] = {
 }
 
 
+PATTERNS: dict[str, str] = {
+    "medusa-N": "Medusa heads, the best tree of N nodes for their measured accuracies",
+    "medusa-N-lookup": "the same, with prompt lookup's continuation (up to 10 tokens) grafted on",
+    "medusa-dynN": "Medusa heads, a dynamic tree of N nodes",
+    "medusa-dynN-lookup": "the same, with prompt lookup's continuation grafted on",
+    "specdec-treeN": "a draft model's tree of N nodes, in the default shape",
+    "specdec-treeN-dD-kK": "a draft model's tree of N nodes, D deep, K children per node (either part may go)",
+    "specdec-treeN-vocab": "a draft model's tree over the benchmark's draft vocabulary (-dD-kK before -vocab too)",
+    "early-exit-N": "self-speculation: drafts from the target's first N layers",
+    "early-exit-N-lookup": "the same, with prompt lookup beside it",
+    "hf-early-exit-N": "transformers' own self-speculation from the target's first N layers",
+}
+"""The methods named by pattern, beside `METHODS`: N, D and K stand for whole numbers >= 1. `method_by_name`
+accepts each of them."""
+
+
+def method_names() -> list[str]:
+    """Every method `method_by_name` accepts: the names of `METHODS`, sorted, then the patterns of `PATTERNS`."""
+    return [*sorted(METHODS), *PATTERNS]
+
+
 # Medusa trees of any size, by name: `medusa-N` (the best N-node tree for the heads' measured accuracies),
 # `medusa-dynN` (a DynamicTree of N nodes), either with `-lookup` (prompt lookup's continuation grafted on,
 # up to 10 tokens).
@@ -103,9 +124,9 @@ _DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1
 
 
 def method_by_name(name: str) -> Method:
-    """The method called `name`: one of `METHODS`, a Medusa tree size such as `medusa-8`, `medusa-5-lookup`,
-    `medusa-dyn12`, or a draft model's tree such as `specdec-tree8`, `specdec-tree10-d5-k2` or
-    `specdec-tree16-vocab`."""
+    """The method called `name`: one of `METHODS`, or one of `PATTERNS` with its numbers, such as a Medusa tree size
+    (`medusa-8`, `medusa-5-lookup`, `medusa-dyn12`), a draft model's tree (`specdec-tree8`, `specdec-tree10-d5-k2`,
+    `specdec-tree16-vocab`) or self-speculation (`early-exit-4`, `hf-early-exit-4`)."""
     if name in METHODS:
         return METHODS[name]
     early_exit = _EARLY_EXIT.fullmatch(name)
@@ -126,9 +147,8 @@ def method_by_name(name: str) -> Method:
     match = _MEDUSA_TREE.fullmatch(name)
     if match is None:
         raise ValueError(
-            f"Unknown method {name!r}; choose from {sorted(METHODS)}, medusa-N / medusa-dynN[-lookup] for N nodes, "
-            "specdec-treeN[-dD][-kK][-vocab] for a draft model's tree, or [hf-]early-exit-N[-lookup] for drafts from "
-            "the target's first N layers."
+            f"Unknown method {name!r}; choose from {', '.join(sorted(METHODS))}, or a pattern: "
+            f"{', '.join(PATTERNS)} (N, D, K: whole numbers >= 1)."
         )
     dynamic, size, lookup = match.groups()
     kwargs: dict[str, Any] = {"medusa": True, "tree": DynamicTree(num_nodes=int(size)) if dynamic else int(size)}

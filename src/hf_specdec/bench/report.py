@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_specdec.extras import require
+
 
 @dataclass
 class Sample:
@@ -156,14 +158,12 @@ def write_outputs(result: BenchmarkResult, out_dir: Path) -> list[Path]:
 
 
 def _plots(result: BenchmarkResult, summary: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
-    try:
-        import matplotlib
+    require("bench", "matplotlib", purpose="Plotting the benchmark's results")
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        message = 'The plots need matplotlib, which is not installed: pip install "hf_specdec[plot]".'
-        raise ImportError(message) from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     files = []
     # Speedup by category.
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -16,6 +16,7 @@ from transformers.utils import PushToHubMixin
 
 from hf_specdec import zoo
 from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.extras import require
 from hf_specdec.generation.arguments import (
     LOOKUP_SETTINGS,
     cache_given,
@@ -259,6 +260,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         and vLLM's (see `hf_specdec.serving.importer`).
 
         Raises:
+            `hf_specdec.extras.MissingExtraError`: for heads trained with LoRA adapters on their base, when peft (the
+                `[train]` extra) is not installed.
             `ValueError`: when the folder holds no heads, a file of theirs is missing, damaged or does not fit their
                 config (naming the file), or the base cannot be found (naming `base_model_name_or_path`: pass
                 `base_model=`); `TypeError`: for arguments of the wrong type, or a config field of the wrong type.
@@ -274,6 +277,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         hub = {"token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
         directory = local_directory(path_or_repo, revision=revision, **hub)
         checkpoint = read_checkpoint(directory, str(path_or_repo))
+        if (directory / ADAPTER_FOLDER).exists():  # before the base loads
+            require("train", "peft", purpose=f"{path_or_repo}: heads trained with LoRA adapters on their base")
         if base_model is None:
             base_kwargs = {**{k: v for k, v in hub.items() if v}, **base_kwargs}
             base_model = load_base(checkpoint.config.base_model_name_or_path, checkpoint.config_file, **base_kwargs)

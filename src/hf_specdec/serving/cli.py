@@ -15,9 +15,9 @@ from hf_specdec.cli_args import (
     model_source,
     non_empty,
     output_folder,
-    require,
     require_zoo_converter,
 )
+from hf_specdec.extras import require
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.serving.eagle_export import LAYOUTS
 from hf_specdec.serving.export import (
@@ -86,7 +86,7 @@ def check_export_args(args: argparse.Namespace) -> None:
     if args.merge_base_into is not None:
         check_merged_base_dir(args.merge_base_into, _base_folder(args.base or config.base_model_name_or_path))
     if adapters:
-        require("peft", "train", "merging the heads' base adapters into the base")
+        require("train", "peft", purpose="merging the heads' base adapters into the base")
 
 
 def heads_config(folder: Path, what: str) -> MedusaConfig:

@@ -25,8 +25,8 @@ from hf_specdec.cli_args import (
     positive_float,
     positive_int,
     random_seed,
-    require,
 )
+from hf_specdec.extras import require
 from hf_specdec.simulator.closed_form import AcceptanceRates
 from hf_specdec.simulator.cost_curve import CPU_QWEN_1_5B_BF16, CostCurve
 from hf_specdec.simulator.hardware import DEVICES, ModelSpec, device_costs
@@ -128,7 +128,10 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
         "--gamma", type=_int_range, default="0..8", help=f"draft lengths: 4, 1,2,4 or 1..8 (<= {MAX_TOKENS})"
     )
     sim.add_argument(
-        "--cost-ratio", type=non_negative_float, default=0.0, help="a draft forward's cost in target forwards (c)"
+        "--cost-ratio",
+        type=non_negative_float,
+        help="a draft forward's cost in target forwards (c), e.g. 0.2; required, unless --device and --draft-params "
+        "price the draft (0 only for a draft that truly costs nothing)",
     )
     sim.add_argument(
         "--cost-curve",
@@ -138,7 +141,9 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     hw = sim.add_argument_group("hardware (roofline) instead of --cost-ratio/--cost-curve")
     hw.add_argument("--device", choices=sorted(DEVICES), help="device preset")
     hw.add_argument("--target-params", type=positive_float, help="target parameters, e.g. 70e9")
-    hw.add_argument("--draft-params", type=positive_float, help="draft parameters, e.g. 8e9 (else --cost-ratio)")
+    hw.add_argument(
+        "--draft-params", type=positive_float, help="draft parameters, e.g. 8e9: the draft's cost (else --cost-ratio)"
+    )
     hw.add_argument("--bytes-per-param", type=positive_float, default=2.0, help="2 for bf16, 1 for int8")
     hw.add_argument("--overhead-ms", type=non_negative_float, help="per-forward overhead, replacing the preset's")
     hw.add_argument("--batch-size", type=positive_int, default=1, help="rows per forward")
@@ -163,7 +168,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
 def check_simulate_args(args: argparse.Namespace) -> None:
     """Refuse, before simulating, a plot without matplotlib."""
     if args.plot is not None:
-        require("matplotlib", "plot", "--plot")
+        require("plot", "matplotlib", purpose="--plot")
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,7 @@ def _costs(args: argparse.Namespace) -> _Costs:
                 "--target-params, --draft-params, --overhead-ms and --batch-size describe a roofline: add --device "
                 "(cpu, a100, h100 or h200)."
             )
+        _require_cost_ratio(args)
         curve = args.cost_curve
         where = "measured verification cost curve" if curve else "flat verification cost (Leviathan et al.)"
         return _Costs(args.cost_ratio, curve, None, where)
@@ -189,6 +195,13 @@ def _costs(args: argparse.Namespace) -> _Costs:
         raise ValueError("Give either --device (a roofline) or --cost-curve (a measurement), not both.")
     if args.target_params is None:
         raise ValueError("--device needs --target-params, e.g. --target-params 70e9.")
+    if args.draft_params is None:
+        _require_cost_ratio(args)
+    elif args.cost_ratio is not None:
+        raise ValueError(
+            "--draft-params prices the draft on the device's roofline, and --cost-ratio gives its cost directly: "
+            "pass one of them."
+        )
     device = DEVICES[args.device]
     if args.overhead_ms is not None:
         device = replace(device, overhead=args.overhead_ms / 1e3)
@@ -199,6 +212,25 @@ def _costs(args: argparse.Namespace) -> _Costs:
     ratio = costs.cost_ratio if draft is not None else args.cost_ratio
     where = f"roofline of {device.name}: target {1e3 * costs.target_seconds:.2f} ms per forward"
     return _Costs(ratio, costs.verify_cost, 1e3 * costs.target_seconds, where)
+
+
+def _require_cost_ratio(args: argparse.Namespace) -> None:
+    """Refuse to price the draft at nothing by default: every speedup would be an upper bound."""
+    if args.cost_ratio is None:
+        roofline = "--draft-params N" if args.device is not None else "--device, --target-params and --draft-params"
+        raise ValueError(
+            "the draft's cost is not given: pass --cost-ratio C (a draft forward's time in target forwards, e.g. 0.2 "
+            f"for a draft 5x faster than the target; 0 for a draft that costs nothing), or {roofline} for the "
+            "roofline to price the draft."
+        )
+
+
+def _check_acceptance(args: argparse.Namespace) -> None:
+    """Refuse acceptance figures the predictions cannot use (out of [0, 1], too few rates by position, trees larger
+    than --tree-probs allows), before the costs: these errors hold whatever the costs."""
+    predict_chain(_alpha(args), args.gamma, cost_ratio=0.0)
+    if args.tree_probs is not None:
+        predict_trees(args.tree_probs, _tree_sizes(args), cost_ratio=0.0)
 
 
 def _tree_sizes(args: argparse.Namespace) -> list[int]:
@@ -270,6 +302,7 @@ def _print_table(args: argparse.Namespace, costs: _Costs, rows: list[dict]) -> N
 def run_simulate(args: argparse.Namespace) -> int:
     """Run `hf-specdec simulate` on parsed arguments; returns the exit status."""
     try:
+        _check_acceptance(args)
         costs = _costs(args)
         rows = _rows(args, costs)
         if args.plot:

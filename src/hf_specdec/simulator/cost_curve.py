@@ -89,7 +89,7 @@ CPU_QWEN_1_5B_BF16 = CostCurve(
     unit="ms",
     source=(
         "Qwen2.5-Coder-1.5B-Instruct, bf16, 2 CPU threads (AMD EPYC with avx512_bf16), one forward over n new "
-        "tokens after a 300-token cached prefix; measured for this project (docs/simulator.md)"
+        "tokens after a 300-token cached prefix; measured on a 2-core CPU (docs/simulator.md)"
     ),
 )
-"""Measured verification cost on this project's CPU: 8 tokens cost what 1 costs, 64 cost 2.5x."""
+"""Measured verification cost on a 2-core CPU: 8 tokens cost what 1 costs, 64 cost 2.5x."""

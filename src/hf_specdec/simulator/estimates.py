@@ -1,6 +1,6 @@
 """Means with confidence intervals, and a chi-square goodness-of-fit test, for the Monte-Carlo simulator.
 
-Only torch and the standard library: scipy is a test dependency of this project, not a runtime one.
+Only torch and the standard library: scipy is a test dependency, not a runtime one.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ weight per token (Kaplan et al. 2020; attention's FLOPs are left out). So a forw
 
 plus, optionally, the KV cache read for the context. While the weight traffic dominates, verifying n
 tokens costs what one costs; this is what makes speculative decoding pay. A GPU overlaps memory traffic
-with tensor-core math, hence the max; this project's 2-core CPU does not: its measured curve (see
-`CPU_QWEN_1_5B_BF16`) is a straight line in n from the first token on, which the serial sum fits.
+with tensor-core math, hence the max; a CPU does not: the curve measured on 2 threads of an AMD EPYC
+(`CPU_QWEN_1_5B_BF16`, and the device fitted to it, `EPYC_2_THREADS`) is a straight line in n from the first
+token on, which the serial sum fits.
 
 Example: a 70B target in bf16 on an H100 streams 140 GB per forward; at 3.35 TB/s that is 42 ms per
 token before any overhead, and verifying 64 tokens (9 TFLOP, 9 ms of math) is no slower.
@@ -176,7 +177,7 @@ def fit_serial_device(
 QWEN_1_5B = ModelSpec(1.5437e9, 2.0, name="Qwen2.5-Coder-1.5B (bf16, without the embedding table)")
 QWEN_0_5B = ModelSpec(0.4940e9, 2.0, name="Qwen2.5-Coder-0.5B (bf16, without the embedding table)")
 
-THIS_CPU = Device(
+EPYC_2_THREADS = Device(
     name="cpu",
     memory_bandwidth=33.22e9,
     peak_flops=854.8e9,
@@ -187,6 +188,8 @@ THIS_CPU = Device(
         "per token, 2 threads of an AMD EPYC, bf16, transformers eager: effective, not peak, figures"
     ),
 )
+"""Two threads of an AMD EPYC server CPU, fitted to forwards measured there (bf16, transformers eager): effective
+figures, not the chip's peaks. The CLI's `--device cpu`."""
 A100_80GB = Device(
     "a100", 2.039e12, 312e12, source="NVIDIA A100 datasheet, SXM4 80GB: 2,039 GB/s HBM2e, 312 TFLOP/s bf16 dense"
 )
@@ -195,7 +198,7 @@ H100_SXM = Device(
 )
 H200 = Device("h200", 4.8e12, 989e12, source="NVIDIA H200 datasheet, SXM 141GB: 4.8 TB/s HBM3e, 989 TFLOP/s bf16 dense")
 
-DEVICES = {device.name: device for device in (THIS_CPU, A100_80GB, H100_SXM, H200)}
+DEVICES = {device.name: device for device in (EPYC_2_THREADS, A100_80GB, H100_SXM, H200)}
 """Presets by name. The GPU figures are data-sheet peaks with no overhead: real runs reach perhaps 80-90%
 of the bandwidth, and eager transformers adds milliseconds per forward (pass `overhead`, or the CLI's
 `--overhead-ms`)."""

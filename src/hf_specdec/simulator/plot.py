@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from hf_specdec.extras import require
 from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.simulator.predict import predict_chain
 
@@ -20,14 +21,12 @@ def plot_speedup(
     """Draw expected speedup against draft length, one line per acceptance rate, and save it to `path`.
 
     Raises:
-        ModuleNotFoundError: matplotlib is not installed (it is optional: `pip install "hf_specdec[plot]"`).
+        `hf_specdec.extras.MissingExtraError` (a `ModuleNotFoundError`): matplotlib is not installed (it is
+            optional: the `[plot]` extra).
     """
-    try:
-        from matplotlib.figure import Figure  # imported here: only plotting needs it
-    except ModuleNotFoundError as error:
-        raise ModuleNotFoundError(
-            'Plotting needs matplotlib, which hf_specdec does not install by default: `pip install "hf_specdec[plot]"`.'
-        ) from error
+    require("plot", "matplotlib", purpose="Plotting")
+    from matplotlib.figure import Figure  # imported here: only plotting needs it
+
     figure = Figure(figsize=(6.4, 4.2), layout="constrained")  # no pyplot: no global state, no GUI backend
     axes = figure.add_subplot()
     for alpha in alphas:

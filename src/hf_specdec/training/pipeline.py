@@ -25,6 +25,7 @@ from hf_specdec import zoo
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
+from hf_specdec.medusa.card import HEAD_NAMES
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory, state_layers
 from hf_specdec.serving.export import check_exportable, export_heads
 from hf_specdec.training.collator import MedusaCollator
@@ -317,7 +318,7 @@ def train_medusa(
                 token=training_args.hub_token,
                 private=training_args.hub_private_repo,
                 revision=training_args.hub_revision,
-                commit_message="Medusa heads trained with hf_specdec",
+                commit_message=f"{HEAD_NAMES[medusa_config.head_type]} trained with hf_specdec",
                 extra_files=None if metrics is None else {METRICS_NAME: metrics_file},
             )
     trainer.accelerator.wait_for_everyone()
