@@ -21,5 +21,5 @@ methods=specdec,specdec-tree16,lookup,specdec-lookup,specdec-int8-lookup,medusa-
 hf-specdec bench "${common[@]}" --batch-size 1 --methods "plain,hf-assistant,$methods" --out "$out/qwen_b1"
 # transformers' assisted generation takes batch size 1 only.
 hf-specdec bench "${common[@]}" --batch-size 4 --methods "plain,$methods" --out "$out/qwen_b4"
-python -m hf_specdec.bench.page docs/benchmarks.md batch1="$out/qwen_b1" batch4="$out/qwen_b4"
-echo "docs/benchmarks.md rewritten from $out/qwen_b1 and $out/qwen_b4."
+python -m hf_specdec.bench.page docs/benchmarks.md README.md batch1="$out/qwen_b1" batch4="$out/qwen_b4"
+echo "docs/benchmarks.md and README.md rewritten from $out/qwen_b1 and $out/qwen_b4."
