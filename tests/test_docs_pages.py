@@ -353,14 +353,21 @@ def test_every_block_of_the_page_is_run_or_checked(page: str) -> None:
             kind(argv)
 
 
+@pytest.fixture
+def work(tmp_path, monkeypatch, tiny_base):
+    """A fresh working folder, the current one, where the page's commands train on the tiny base with a tiny
+    budget."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    tiny_budget(monkeypatch, tiny_base)
+    return folder
+
+
 @pytest.mark.real_model
-def test_training_page_runs_as_written(tmp_path, monkeypatch, tiny_base, one_thread) -> None:
+def test_training_page_runs_as_written(tmp_path, monkeypatch, work, one_thread) -> None:
     from hf_specdec import MedusaForCausalLM
 
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    tiny_budget(monkeypatch, tiny_base)
     hub = loopback_hub(monkeypatch, tmp_path / "hub-cache")
     hub_data_set(work / "HuggingFaceH4" / "ultrachat_200k", "train_sft")
     namespace: dict = {}
@@ -380,11 +387,7 @@ def test_training_page_runs_as_written(tmp_path, monkeypatch, tiny_base, one_thr
 
 
 @pytest.mark.real_model
-def test_serving_page_runs_as_written(tmp_path, monkeypatch, tiny_base, one_thread) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    tiny_budget(monkeypatch, tiny_base)
+def test_serving_page_runs_as_written(monkeypatch, tiny_base, work, one_thread) -> None:
     untrained_heads(tiny_base, work / "HEADS", num_heads=3)
     untrained_heads(tiny_base, work / "heads" / "smollm2-eagle3", num_heads=3, head_type="eagle3")
     monkeypatch.setitem(sys.modules, "vllm", vllm_stand_in(tiny_base))
