@@ -49,8 +49,8 @@ def test_gate_takes_plain_steps_while_drafting_loses_and_retries_ever_later() ->
 
 def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     """A plain step of 4 rows takes 0.22 s; a speculative one of 0.46 s is 0.46 / 0.22 = 2.1 plain steps:
-    1.5 tokens clearly lose, 2.5 win, and 1.8 is too close to call (drafting goes on). Before a plain step of that
-    many rows is measured, the gate measures one."""
+    1.5 tokens lose, and so do 2.0 (0.96 tokens per plain step: plain steps would have brought more); 2.2 win.
+    Before a plain step of that many rows is measured, the gate measures one."""
     costs = CostModel(draft_forward=0.0)
     first = SpeculationGate(costs)
     assert first.speculate(4)  # the first step drafts
@@ -65,9 +65,9 @@ def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     losing, close, winning = (SpeculationGate(model) for model in models)
     losing.observe(1.5, 0.46, 0, 4, 5, 0.36)
     assert not losing.speculate(4)
-    close.observe(1.8, 0.46, 0, 4, 5, 0.36)
-    assert close.speculate(4)
-    winning.observe(2.5, 0.46, 0, 4, 5, 0.36)
+    close.observe(2.0, 0.46, 0, 4, 5, 0.36)
+    assert not close.speculate(4)
+    winning.observe(2.2, 0.46, 0, 4, 5, 0.36)
     assert winning.speculate(4)
     assert not winning.speculate(3)  # rows left the batch: a plain step of 3 rows is measured first
 

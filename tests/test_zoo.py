@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from hf_specdec import zoo
 from hf_specdec.zoo import ZOO, WheelPart, ZooEntry, load_model, model_path
@@ -117,3 +118,14 @@ def test_smollm2_loads_and_generates() -> None:
     assert 0 < len(new_tokens) <= 8
     assert tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
     assert model_path("smollm2-135m") == zoo.cache_dir() / "models" / "smollm2-135m"
+
+
+@pytest.mark.real_model
+def test_zoo_models_are_cached_in_bfloat16() -> None:
+    """The converted folder holds the dtype the demo and the benchmark load, so nothing converts at load time."""
+    folder = model_path("smollm2-135m")
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        dtypes = {weights.get_slice(key).get_dtype() for key in weights.keys()}  # noqa: SIM118 (no __iter__)
+    assert dtypes == {"BF16"}, f"{folder} holds {dtypes}: converted by an older release; delete it to re-convert"
+    model, _ = load_model("smollm2-135m", dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16

@@ -18,7 +18,8 @@ fi
 common=(--target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --medusa "$heads"
     --prompts mt-bench,humaneval,gsm8k --n 12 --max-new-tokens 96)
 methods=specdec,specdec-tree16,lookup,specdec-lookup,specdec-int8-lookup,medusa-8,medusa-16-lookup
-hf-specdec bench "${common[@]}" --batch-size 1 --methods "plain,hf-assistant,$methods" --out "$out/qwen_b1"
+# --cost-curve: the verification cost curve docs/simulator.md calibrates against, timed in the same run.
+hf-specdec bench "${common[@]}" --batch-size 1 --methods "plain,hf-assistant,$methods" --cost-curve --out "$out/qwen_b1"
 # transformers' assisted generation takes batch size 1 only.
 hf-specdec bench "${common[@]}" --batch-size 4 --methods "plain,$methods" --out "$out/qwen_b4"
 python -m hf_specdec.bench.page docs/benchmarks.md README.md batch1="$out/qwen_b1" batch4="$out/qwen_b4"

@@ -2,16 +2,17 @@
 
 A drafter's step advances the batch's least advanced row by `g` tokens (a batched call ends with its last row, so
 rows ahead of it finishing sooner barely shortens it) and costs `C` plain steps of the same rows. When `g` falls
-clearly below `C` on average over recent steps (`CLEAR_LOSS`), the loop takes plain one-token steps instead, and
-tries drafting again after a while (sooner when it last paid), since what drafts bring changes with the text (a
-reply that starts quoting its prompt) and what verification costs changes with the rows left in the batch.
-Near break-even drafting goes on: a plain step learns nothing about the text and would miss the easy stretch
-that follows. A plain step of each batch size is measured once before it is compared with.
+below `C` on average over recent steps (`LEAST_STEP_RATE`: drafting brought less than plain steps would have),
+the loop takes plain one-token steps instead, and tries drafting again after a while (sooner when it last paid),
+since what drafts bring changes with the text (a reply that starts quoting its prompt) and what verification
+costs changes with the rows left in the batch. The drafter still follows the text during plain steps (prompt
+lookup indexes it, a draft model catches up at its next draft). A plain step of each batch size is measured once
+before it is compared with.
 """
 
 from __future__ import annotations
 
-from hf_specdec.generation.decisions.constants import CLEAR_LOSS, FIRST_PATIENCE, MOST_PATIENCE
+from hf_specdec.generation.decisions.constants import FIRST_PATIENCE, LEAST_STEP_RATE, MOST_PATIENCE
 from hf_specdec.generation.decisions.costs import CostModel
 
 
@@ -61,7 +62,7 @@ class SpeculationGate:
         )
         step_rate = self.costs.step_rate
         assert step_rate is not None
-        if step_rate >= CLEAR_LOSS or not self.enabled:
+        if step_rate >= LEAST_STEP_RATE or not self.enabled:
             self._patience = FIRST_PATIENCE
         else:  # drafting lost: plain steps for a while, and longer each time it loses again
             self._wait = self._patience
