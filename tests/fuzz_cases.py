@@ -933,6 +933,12 @@ def violations(sequences: torch.Tensor, rules: Rules, case: Case, ids: torch.Ten
     def exempt(t: int, token: int) -> bool:
         return t == last and token in forced
 
+    def nothing_allowed(t: int, row: list[int]) -> bool:
+        """At the forced-EOS position, the user processor (it runs after transformers' own, ForcedEOS included)
+        bans every forced token when the previous token is one: every token is banned there, and what is drawn
+        (`remove_invalid_values` makes the scores uniform) follows no rule, in plain decoding as in ours."""
+        return t == last and case.processor and bool(forced) and all(f == row[p + t - 1] for f in forced)
+
     rows_ended = all(any(t in rules.eos for t in g) for g in generated.tolist())
     if not stops and width < rules.max_total and not rows_ended:
         broken.add("stopped early: a row without EOS, and the length limit not reached")
@@ -954,7 +960,7 @@ def violations(sequences: torch.Tensor, rules: Rules, case: Case, ids: torch.Ten
         for t in range(end):
             a = p + t
             token = row[a]
-            if exempt(t, token):
+            if exempt(t, token) or nothing_allowed(t, row):
                 continue
             if token in suppress:
                 broken.add("suppressed token")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypothesis import example, given
+from hypothesis import strategies as st
 
 from tests.fuzz_cases import PROFILE, Case, cases, check, known_divergences
 
@@ -105,3 +106,52 @@ def test_medusa_tree_and_lookup(case: Case) -> None:
 @given(case=cases("medusa_eagle"))
 def test_eagle_heads(case: Case) -> None:
     check(case, "medusa_eagle")
+
+
+# A sampled draw that puts the forced EOS token just before the forced-EOS position: the user processor then bans
+# the only token forced EOS allows, every token is banned there, and what is drawn follows no rule (in plain
+# decoding as in ours). The oracle must not count that position against the path.
+_EVERY_TOKEN_BANNED = Case(
+    arch="qwen2",
+    prompts=[
+        [2] * 8 + [4, 4, 29, 73, 4, 91, 20, 2, 28, 2, 4, 58, 70, 6],
+        [2] * 7 + [4, 6, 6, 4, 20, 2, 26, 4, 4, 2, 45, 4, 6, 4, 4, 56, 2, 64, 69, 78, 4, 3, 3, 5, 5, 94],
+        [2, 4],
+        [2, 2, 5, 13, 2, 27, 28, 28, 4, 4, 2, 50, 6, 2, 2, 2, 63, 33, 33, 67, 75, 79, 4, 4],
+        [5],
+    ],
+    gen={
+        "max_new_tokens": 18,
+        "min_new_tokens": 6,
+        "min_length": 33,
+        "pad_token_id": 0,
+        "no_repeat_ngram_size": 1,
+        "bad_words_ids": [[54, 9]],
+        "sequence_bias": {(54, 54): -10.0},
+        "forced_eos_token_id": 54,
+        "begin_suppress_tokens": [54, 81, 95],
+        "remove_invalid_values": True,
+        "renormalize_logits": True,
+        "do_sample": True,
+        "min_p": 0.0,
+        "typical_p": 0.2,
+        "num_return_sequences": 3,
+        "return_dict_in_generate": True,
+        "output_scores": True,
+    },
+    defaults={},
+    path_kwargs={"medusa": True, "tree": "dynamic"},
+    mask="mask",
+    processor=True,
+    prefix_fn=True,
+    stop_on=(95,),
+    tokenizer=True,
+    via_config=True,
+    seed=0,
+)
+
+
+@PROFILE
+@given(case=st.just(_EVERY_TOKEN_BANNED))
+def test_a_position_where_every_token_is_banned_follows_no_rule(case: Case) -> None:
+    check(case, "medusa_dynamic")
