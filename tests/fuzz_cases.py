@@ -732,8 +732,8 @@ def attempt(model: Any, seed: int, **kwargs: Any) -> Outcome:
         return Outcome(error=error)
 
 
-# What a path documents it refuses (docs/usage.md, "What is refused"): argument -> path prefixes.
-# Arguments some paths refuse ({argument: path prefixes}); none at present: every path returns scores and logits.
+# What a path documents it refuses (docs/refusals.md): argument -> path prefixes. None at present: every path
+# returns scores and logits.
 DOCUMENTED_REFUSALS: dict[str, tuple[str, ...]] = {}
 
 
@@ -808,29 +808,33 @@ def plain_rules(case: Case, model: PreTrainedModel, kwargs: dict[str, Any], ids:
     )
 
 
-def padding_only_rows(case: Case, rules: Rules, ids: torch.Tensor) -> bool:
-    """Whether some row is padding only in the attention mask plain `generate()` uses: without a mask passed,
-    transformers takes every `pad_token_id` token for padding (unless the pad id is an EOS id)."""
-    if case.mask != "none" or rules.pad is None or rules.pad in rules.eos:
-        return False
-    return bool((ids == rules.pad).all(dim=1).any())
+def plain_mask(rules: Rules, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The attention mask plain `generate()` uses: the one passed, or without one, transformers takes every
+    `pad_token_id` token for padding (unless the pad id is an EOS id); `None` when every token is real."""
+    mask = batch.get("attention_mask")
+    if mask is None and rules.pad is not None and rules.pad not in rules.eos:
+        mask = (batch["input_ids"] != rules.pad).long()
+    return mask
 
 
-def padding_at_end(case: Case, rules: Rules, ids: torch.Tensor) -> bool:
+def padding_only_rows(rules: Rules, batch: dict[str, torch.Tensor]) -> bool:
+    """Whether some row is padding only in the attention mask plain `generate()` uses."""
+    mask = plain_mask(rules, batch)
+    return mask is not None and bool((~mask.bool()).all(dim=1).any())
+
+
+def padding_at_end(rules: Rules, batch: dict[str, torch.Tensor]) -> bool:
     """Whether some row ends with padding in the attention mask plain `generate()` uses (without a mask passed, a
     prompt whose last token is `pad_token_id`): plain `generate()` warns and goes on, the library refuses."""
-    if case.mask != "none" or rules.pad is None or rules.pad in rules.eos:
-        return False
-    return bool((ids[:, -1] == rules.pad).any())
+    mask = plain_mask(rules, batch)
+    return mask is not None and bool((~mask[:, -1].bool()).any())
 
 
 def padding_inside(case: Case, rules: Rules, batch: dict[str, torch.Tensor]) -> bool:
     """Whether the attention mask plain `generate()` uses has padding after a real token in some row."""
-    mask = batch.get("attention_mask")
+    mask = plain_mask(rules, batch)
     if mask is None:
-        if rules.pad is None or rules.pad in rules.eos:
-            return False
-        mask = (batch["input_ids"] != rules.pad).long()
+        return False
     return bool((mask[:, :-1].bool() & ~mask[:, 1:].bool()).any()) and case.arch == "mistral"
 
 
@@ -1005,12 +1009,12 @@ def check(case: Case, path: str) -> None:
         return
     refusals = expected_refusals(case, path)
     assert rules is not None
-    if padding_only_rows(case, rules, batch["input_ids"]):
-        refusals.append("all zeros")  # docs/usage.md's refusal table: a row that is all padding
-    elif padding_at_end(case, rules, batch["input_ids"]):
-        refusals.append("end with padding")  # the refusal table: prompts padded on the right
+    if padding_only_rows(rules, batch):
+        refusals.append("all zeros")  # docs/refusals.md: a row that is all padding
+    elif padding_at_end(rules, batch):
+        refusals.append("end with padding")  # docs/refusals.md: prompts padded on the right
     if padding_inside(case, rules, batch):
-        refusals.append("sliding")  # the refusal table: padding inside a prompt, on a sliding-window model
+        refusals.append("sliding")  # docs/refusals.md: padding inside a prompt, on a sliding-window model
     if ours.error is not None:
         error = ours.error
         if numerical(error) and not rules.deterministic:

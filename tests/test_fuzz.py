@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from hf_specdec import SpeculativeCosts
 from tests.fuzz_cases import PROFILE, Case, cases, check, known_divergences
 
 
@@ -140,14 +141,16 @@ _EVERY_TOKEN_BANNED = Case(
         "output_scores": True,
     },
     defaults={},
-    path_kwargs={"medusa": True, "tree": "dynamic"},
+    # Fixed costs: the tree's shape, and so the draw, follow the tokens alone (with costs measured while decoding,
+    # the draw may miss the position on a busy machine).
+    path_kwargs={"medusa": True, "tree": "dynamic", "speculative_costs": SpeculativeCosts(0.0, 0.0)},
     mask="mask",
     processor=True,
     prefix_fn=True,
     stop_on=(95,),
     tokenizer=True,
     via_config=True,
-    seed=0,
+    seed=9,  # a draw that meets the position (with these costs) and then breaks a rule there
 )
 
 
