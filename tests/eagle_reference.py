@@ -25,7 +25,9 @@ def llama_layer(
     state: dict[str, torch.Tensor], prefix: str, config, x: torch.Tensor, residual: torch.Tensor, positions
 ) -> torch.Tensor:
     """A Llama layer's causal attention over the (already normed) inputs `x` `(T, width)`, added to `residual`
-    `(T, H)`, then its MLP on the post-attention norm; weights under `prefix` (e.g. `"midlayer."`)."""
+    `(T, H)`, then its MLP on the post-attention norm; weights under `prefix` (e.g. `"midlayer."`). A Qwen3 layer
+    (`self_attn.q_norm.weight` and `k_norm.weight` among the weights) RMS-normalises each head's queries and keys
+    before the rotation."""
     eps, heads, kv_heads, d = (
         config.rms_norm_eps,
         config.num_attention_heads,
@@ -36,6 +38,9 @@ def llama_layer(
     q = (x @ state[prefix + "self_attn.q_proj.weight"].T).view(length, heads, d).transpose(0, 1)
     k = (x @ state[prefix + "self_attn.k_proj.weight"].T).view(length, kv_heads, d).transpose(0, 1)
     v = (x @ state[prefix + "self_attn.v_proj.weight"].T).view(length, kv_heads, d).transpose(0, 1)
+    if prefix + "self_attn.q_norm.weight" in state:
+        q = rms(q, state[prefix + "self_attn.q_norm.weight"], eps)
+        k = rms(k, state[prefix + "self_attn.k_norm.weight"], eps)
     theta = config.rope_parameters["rope_theta"]
     q, k = rotate(q, positions, theta), rotate(k, positions, theta)
     k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
@@ -48,14 +53,33 @@ def llama_layer(
     return a + (functional.silu(gate) * up) @ state[prefix + "mlp.down_proj.weight"].T
 
 
+def eagle3_fuse(state: dict[str, torch.Tensor], config, fused: torch.Tensor, count: int = 3) -> torch.Tensor:
+    """EAGLE-3's g: `fc` over the target's `count` concatenated states, after vLLM's optional norms: one over the
+    whole concatenation (`input_norm.weight`, `norm_before_fc`), then one on each state (`fc_norm.{i}.weight`)."""
+    eps = config.rms_norm_eps
+    if "input_norm.weight" in state:
+        fused = rms(fused, state["input_norm.weight"], eps)
+    if "fc_norm.0.weight" in state:
+        chunks = fused.chunk(count, dim=-1)
+        fused = torch.cat([rms(chunk, state[f"fc_norm.{i}.weight"], eps) for i, chunk in enumerate(chunks)], -1)
+    return fused @ state["fc.weight"].T
+
+
 def eagle3_step(
     state: dict[str, torch.Tensor], config, embedded, fused, positions, norm_before_residual: bool = False
 ) -> torch.Tensor:
-    """EAGLE-3: `fc` fuses the target's three states into g, the midlayer attends over
-    [input_layernorm(embedding); hidden_norm(g)] with residual g (hidden_norm(g) with `norm_before_residual`, as
-    vLLM and speculators offer), then the MLP; returns the pre-norm output (its logits: lm_head(norm(output)))."""
+    """EAGLE-3: `fc` fuses the target's three states into g (`eagle3_fuse`), then `eagle3_layer`."""
+    return eagle3_layer(state, config, embedded, eagle3_fuse(state, config, fused), positions, norm_before_residual)
+
+
+def eagle3_layer(
+    state: dict[str, torch.Tensor], config, embedded, g, positions, norm_before_residual: bool = False
+) -> torch.Tensor:
+    """EAGLE-3's midlayer on g `(T, H)`: attention over [input_layernorm(embedding); hidden_norm(g)] with residual
+    g (hidden_norm(g) with `norm_before_residual`, as vLLM and speculators offer), then the MLP; returns the
+    pre-norm output (its logits: lm_head(norm(output)); what the next depth reads: the output, or its norm with
+    vLLM's `norm_output`)."""
     eps = config.rms_norm_eps
-    g = fused @ state["fc.weight"].T  # (T, H)
     normed = rms(g, state["midlayer.hidden_norm.weight"], eps)
     x = torch.cat([rms(embedded, state["midlayer.input_layernorm.weight"], eps), normed], dim=-1)
     return llama_layer(state, "midlayer.", config, x, normed if norm_before_residual else g, positions)

@@ -67,9 +67,17 @@ def draft_vocabulary(size: int, seed: int = 0) -> torch.Tensor:
     return torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:size].sort().values
 
 
-def eagle3_weights(token_ids: torch.Tensor | None, seed: int = 0, layer_prefix: str = "midlayer.") -> dict:
+def eagle3_weights(
+    token_ids: torch.Tensor | None,
+    seed: int = 0,
+    layer_prefix: str = "midlayer.",
+    qwen3: bool = False,
+    norm_before_fc: bool = False,
+    fc_norm: bool = False,
+) -> dict:
     """EAGLE-3's weights: the layer, fc (H, 3H), norm, lm_head (draft vocabulary, H), d2t (int64), t2d (bool),
-    and an embed_tokens.weight (which the releases of some trainers keep)."""
+    and an embed_tokens.weight (which the releases of some trainers keep); with the variants vLLM serves, a Qwen3
+    layer's `self_attn.q_norm` / `k_norm` (head size), `input_norm` (3H) and `fc_norm.{0,1,2}` (H each)."""
     generator = torch.Generator().manual_seed(seed)
     rows = VOCAB if token_ids is None else token_ids.numel()
     weights = {
@@ -79,6 +87,14 @@ def eagle3_weights(token_ids: torch.Tensor | None, seed: int = 0, layer_prefix: 
         "lm_head.weight": _random((rows, HIDDEN), generator, scale=1.0),
         "embed_tokens.weight": _random((VOCAB, HIDDEN), generator),
     }
+    if qwen3:
+        for name in ("q_norm", "k_norm"):
+            weights[f"{layer_prefix}self_attn.{name}.weight"] = 1.0 + 0.3 * torch.randn(HEAD_DIM, generator=generator)
+    if norm_before_fc:
+        weights["input_norm.weight"] = 1.0 + 0.3 * torch.randn(3 * HIDDEN, generator=generator)
+    if fc_norm:
+        for i in range(3):
+            weights[f"fc_norm.{i}.weight"] = _norm(generator)
     if token_ids is not None:
         t2d = torch.zeros(VOCAB, dtype=torch.bool)
         t2d[token_ids] = True
@@ -93,13 +109,27 @@ def write_eagle3(
     seed: int = 0,
     weights: dict | None = None,
     pickled: bool = False,
+    architecture: str = "LlamaForCausalLMEagle3",
+    **options,
 ) -> dict:
-    """An EAGLE-3 release (`LlamaForCausalLMEagle3`) in `folder`; returns its weights."""
+    """An EAGLE-3 release (`LlamaForCausalLMEagle3`, or `architecture`) in `folder`, with the variant `options`
+    (`norm_before_fc`, `fc_norm`, `norm_output`: config fields, and their weights); returns its weights. A Qwen3
+    layer for `Eagle3Qwen3ForCausalLM` (`model_type` qwen3, q_norm and k_norm)."""
     folder.mkdir(parents=True, exist_ok=True)
-    weights = eagle3_weights(token_ids, seed) if weights is None else weights
+    qwen3 = architecture == "Eagle3Qwen3ForCausalLM"
+    if weights is None:
+        weights = eagle3_weights(
+            token_ids,
+            seed,
+            qwen3=qwen3,
+            norm_before_fc=options.get("norm_before_fc", False),
+            fc_norm=options.get("fc_norm", False),
+        )
     config = layer_config(
-        architectures=["LlamaForCausalLMEagle3"],
+        architectures=[architecture],
         draft_vocab_size=VOCAB if token_ids is None else token_ids.numel(),
+        **({"model_type": "qwen3", "head_dim": HEAD_DIM} if qwen3 else {}),
+        **options,
     )
     if layer_ids is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True}
@@ -109,16 +139,31 @@ def write_eagle3(
 
 
 def write_speculators(
-    folder: Path, token_ids: torch.Tensor, layer_ids: list[int] | None, norm_before_residual: bool, seed: int = 0
+    folder: Path,
+    token_ids: torch.Tensor,
+    layer_ids: list[int] | None,
+    norm_before_residual: bool,
+    seed: int = 0,
+    qwen3: bool = False,
+    **options,
 ) -> dict:
-    """An EAGLE-3 draft in the speculators format in `folder` (`layers.0.*`); returns its weights."""
+    """An EAGLE-3 draft in the speculators format in `folder` (`layers.0.*`; a Qwen3 layer with `qwen3`, the
+    variant `options` as for `write_eagle3`); returns its weights."""
     folder.mkdir(parents=True, exist_ok=True)
-    weights = eagle3_weights(token_ids, seed, layer_prefix="layers.0.")
+    weights = eagle3_weights(
+        token_ids,
+        seed,
+        layer_prefix="layers.0.",
+        qwen3=qwen3,
+        norm_before_fc=options.get("norm_before_fc", False),
+        fc_norm=options.get("fc_norm", False),
+    )
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         "speculators_version": "0.3.0",
-        "transformer_layer_config": layer_config(),
+        "transformer_layer_config": layer_config(**({"model_type": "qwen3", "head_dim": HEAD_DIM} if qwen3 else {})),
+        **options,
         "draft_vocab_size": token_ids.numel(),
         "norm_before_residual": norm_before_residual,
         "target_hidden_size": None,

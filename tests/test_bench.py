@@ -31,6 +31,29 @@ PROMPTS = [
 ]
 
 
+def test_heads_given_names_run_side_by_side_in_one_run() -> None:
+    from hf_specdec import MedusaConfig, MedusaForCausalLM
+
+    target = tiny_target("llama")
+    heads = {
+        "rec": MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2, head_type="recurrent")),
+        "med": MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=2)),
+    }
+    names = ["plain", "rec-3", "med-3-lookup", "med-dyn4", "ghost-3"]
+    methods = [method_by_name(name, heads=[*heads, "ghost"]) for name in names]
+    assert [m.heads for m in methods] == [None, "rec", "med", "med", "ghost"]
+    result = run_benchmark(target, _tokenizer(), PROMPTS[:2], methods, draft=None, max_new_tokens=10, heads=heads)
+    summary = result.summary()
+    for name in names[1:4]:
+        assert summary[name]["identical_to_plain"] == "2/2", (name, summary[name])
+    assert result.skipped["ghost-3"] == "needs the heads named ghost (--medusa ghost=PATH)"
+    # each method decoded with its own heads: recurrent heads and Medusa heads propose differently
+    drafted = {name: [s.drafted_at_position for s in result.samples if s.method == name] for name in names[1:4]}
+    assert drafted["rec-3"] != drafted["med-3-lookup"]
+    with pytest.raises(ValueError, match="heads named: rec"):
+        method_by_name("other-3", heads=["rec"])
+
+
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_benchmark_runs_methods_and_checks_identity(batch_size: int, tmp_path) -> None:
     target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)

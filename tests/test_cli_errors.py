@@ -242,6 +242,25 @@ def test_unwritable_folders_are_refused_as_the_os_reports_them(
         assert_refused(argv, capsys, f"{locked} is not writable")
 
 
+def test_bench_heads_given_names(heads: Path, capsys, sandbox) -> None:
+    argv = ["bench", "--draft", "none", "--medusa", f"eagle3={heads}", "--medusa", str(heads)]
+    assert run_cli([*argv, "--methods", "plain,eagle3-8,eagle3-dyn4-lookup,medusa-5"], capsys)[0] == 0
+    (args,) = sandbox["bench"].calls[-1]
+    assert [(m.name, m.heads) for m in args.methods] == [
+        ("plain", None),
+        ("eagle3-8", "eagle3"),
+        ("eagle3-dyn4-lookup", "eagle3"),
+        ("medusa-5", None),
+    ]
+    assert_refused([*argv, "--methods", "plain,eagle-8"], capsys, "Unknown method 'eagle-8'", "heads named: eagle3")
+    for name, fragment in (("specdec", "first word of other methods"), ("Big", "lower-case"), ("a-b", "lower-case")):
+        assert_refused(["bench", "--medusa", f"{name}={heads}"], capsys, "--medusa", fragment)
+    two = ["bench", "--medusa", str(heads), "--medusa", str(heads)]
+    assert_refused(two, capsys, "2 heads without a name")
+    assert_refused(["bench", "--medusa", f"a={heads}", "--medusa", f"a={heads}"], capsys, "names two heads alike")
+    assert_refused(["bench", "--medusa", f"a={heads}/missing"], capsys, "--medusa", "does not exist")
+
+
 # Optional dependencies: refused at once, with the extra --------------------------------------------------------
 
 

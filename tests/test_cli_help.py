@@ -9,6 +9,7 @@ import re
 import pytest
 
 from hf_specdec.bench import cli as bench_cli
+from hf_specdec.bench.cli import methods as bench_methods
 from hf_specdec.bench.methods import METHODS, PATTERNS, method_by_name, method_names
 from hf_specdec.cli import build_parser, main
 from hf_specdec.cli_args import model_source
@@ -93,7 +94,7 @@ def test_every_pattern_names_a_method_the_benchmark_runs(pattern: str) -> None:
     method = method_by_name(name)
     assert method.name == name
     args = build_parser().parse_args(["bench", "--draft", "none", "--methods", f"plain,{name}"])
-    assert [m.name for m in args.methods] == ["plain", name]
+    assert [m.name for m in bench_methods(args)] == ["plain", name]
 
 
 def test_the_patterns_cover_every_kind_of_patterned_method() -> None:

@@ -266,8 +266,12 @@ def test_errors_say_what_to_do() -> None:
     with pytest.raises(TypeError, match="feature_layers"):
         MedusaConfig(head_type="eagle3", feature_layers=[1, "2"])
     assert MedusaConfig(head_type="eagle3").share_lm_head is False and MedusaConfig().share_lm_head is True
-    with pytest.raises(ValueError, match="describe EAGLE-3 heads' layer"):
-        MedusaConfig(head_type="recurrent", norm_before_residual=True)
+    with pytest.raises(ValueError, match="norm_before_residual, fc_norm describe EAGLE-3 heads"):
+        MedusaConfig(head_type="recurrent", norm_before_residual=True, fc_norm=True)
+    with pytest.raises(ValueError, match="EAGLE heads' decoder is Llama layers"):
+        MedusaConfig(head_type="eagle", layer_config={"model_type": "qwen3", "hidden_size": 64})
+    with pytest.raises(ValueError, match="EAGLE-3 heads' layer is one of"):
+        MedusaConfig(head_type="eagle3", layer_config={"model_type": "gemma"})
     from hf_specdec.training import MedusaTrainingConfig
 
     training = MedusaTrainingConfig(base="b", data="d", head_type="eagle3", norm_before_residual=True)

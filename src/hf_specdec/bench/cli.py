@@ -7,6 +7,7 @@ import datetime
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import transformers
@@ -14,7 +15,7 @@ import transformers
 import hf_specdec
 from hf_specdec.bench.cost_curve import verify_cost_curve
 from hf_specdec.bench.markdown import command_line, machine
-from hf_specdec.bench.methods import METHODS, PATTERNS, Method, method_by_name
+from hf_specdec.bench.methods import METHODS, NAMED_HEADS, PATTERNS, Method, heads_name, method_by_name, names_heads
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
 from hf_specdec.bench.report import BenchmarkResult, format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
@@ -31,6 +32,9 @@ from hf_specdec.cli_args import (
 from hf_specdec.extras import require
 from hf_specdec.generation.mixin import speculative
 from hf_specdec.zoo import load_model
+
+if TYPE_CHECKING:
+    from hf_specdec.medusa import MedusaForCausalLM
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -49,7 +53,15 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--draft", type=_draft_source, default="qwen2.5-coder-0.5b", help=f"{MODEL_HELP}; none: no draft"
     )
-    bench.add_argument("--medusa", type=heads_source, help="folder or Hub id (org/name) of Medusa heads for the target")
+    bench.add_argument(
+        "--medusa",
+        type=_heads_option,
+        action="append",
+        default=[],
+        help="folder or Hub id (org/name) of heads for the target (any kind: Medusa, recurrent, EAGLE), which the "
+        "medusa-... methods decode with; NAME=PATH names them, for the methods NAME-N, NAME-N-lookup, NAME-dynN and "
+        "NAME-dynN-lookup: repeat the option to compare several heads in one run",
+    )
     bench.add_argument(
         "--draft-vocab-size", type=positive_int, default=32768, help="draft vocabulary of specdec-vocab (ShareGPT's)"
     )
@@ -61,7 +73,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens to generate per prompt")
     bench.add_argument(
         "--methods",
-        type=_methods,
+        type=_method_names,
         default="plain,hf-assistant,hf-assistant-5h,specdec",
         help=f"comma-separated, plain first, from: {', '.join(sorted(METHODS))}; or by pattern (N, D, K: whole "
         f"numbers >= 1, see below): {', '.join(PATTERNS)}",
@@ -89,9 +101,22 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
 def _patterns_help() -> str:
     """The methods named by pattern, one a line, with what each runs."""
     width = max(map(len, PATTERNS))
-    return "methods by pattern (N, D, K: whole numbers >= 1):\n" + "\n".join(
-        f"  {pattern:<{width}}  {meaning}" for pattern, meaning in PATTERNS.items()
+    return (
+        "methods by pattern (N, D, K: whole numbers >= 1):\n"
+        + "\n".join(f"  {pattern:<{width}}  {meaning}" for pattern, meaning in PATTERNS.items())
+        + f"\nheads given a name (--medusa NAME=PATH) run as {NAMED_HEADS}."
     )
+
+
+def _heads_option(text: str) -> tuple[str | None, str]:
+    """`--medusa`: `PATH` (heads without a name: `(None, PATH)`) or `NAME=PATH`."""
+    name, equals, source = text.partition("=")
+    if not equals or "/" in name or not name:
+        return None, heads_source(text)
+    try:
+        return heads_name(name), heads_source(source)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _draft_source(text: str) -> str | None:
@@ -107,16 +132,40 @@ def _categories(text: str) -> list[str]:
     return names
 
 
-def _methods(text: str) -> list[Method]:
+def _method_names(text: str) -> list[str]:
+    """`--methods`: the names, checked for what needs no other option (methods of named heads are resolved once
+    `--medusa` is read: `methods`)."""
     names = text.split(",")
     if len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"a method is listed twice in {text!r}")
     if names[0] != "plain":
         raise argparse.ArgumentTypeError(f"start with plain (the others are measured against it), got {text!r}")
-    try:
-        return [method_by_name(name) for name in names]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    for name in names:
+        try:
+            method_by_name(name)
+        except ValueError as error:
+            if not names_heads(name):
+                raise argparse.ArgumentTypeError(str(error)) from None
+    return names
+
+
+def methods(args: argparse.Namespace) -> list[Method]:
+    """The `--methods` of a parsed `bench` command line, with the heads `--medusa` names.
+
+    Raises:
+        `ValueError`: for a method of heads that no `--medusa NAME=PATH` names.
+    """
+    return [method_by_name(name, heads=list(named_heads(args))) for name in args.methods]
+
+
+def named_heads(args: argparse.Namespace) -> dict[str, str]:
+    """The heads `--medusa NAME=PATH` names, by name."""
+    return {name: source for name, source in args.medusa if name is not None}
+
+
+def default_heads(args: argparse.Namespace) -> str | None:
+    """The heads `--medusa PATH` gives without a name (`None`: none)."""
+    return next((source for name, source in args.medusa if name is None), None)
 
 
 def _device(text: str) -> str:
@@ -140,8 +189,15 @@ def check_bench_args(args: argparse.Namespace) -> None:
     the plots, gguf for a zoo model's first use, peft for heads with base adapters) and heads that are not there."""
     require("bench", "matplotlib", purpose="writing --out's plots")
     require_zoo_converter(args.target, args.draft)
-    if args.medusa is not None:
-        _check_heads(args.medusa)
+    unnamed = [source for name, source in args.medusa if name is None]
+    if len(unnamed) > 1:
+        raise ValueError(f"--medusa gives {len(unnamed)} heads without a name: name them (--medusa NAME=PATH)")
+    names = [name for name, _ in args.medusa if name is not None]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--medusa names two heads alike ({', '.join(names)}): give each its own name")
+    args.methods = methods(args)
+    for _, source in args.medusa:
+        _check_heads(source)
 
 
 def _check_heads(heads: str) -> None:
@@ -164,10 +220,14 @@ def run_bench(args: argparse.Namespace) -> int:
     target = speculative(target.to(args.device))
     draft = None if args.draft is None else load_model(args.draft, dtype=dtype)[0].to(args.device)
     medusa = None
+    heads: dict[str, MedusaForCausalLM] = {}
     if args.medusa:
         from hf_specdec.medusa import MedusaForCausalLM
 
-        medusa = MedusaForCausalLM.from_pretrained(args.medusa, base_model=target)
+        if (source := default_heads(args)) is not None:
+            medusa = MedusaForCausalLM.from_pretrained(source, base_model=target)
+        for name, path in named_heads(args).items():
+            heads[name] = MedusaForCausalLM.from_pretrained(path, base_model=target)
     draft_vocab = None
     if any(method.needs_draft_vocab for method in args.methods):
         from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
@@ -186,11 +246,13 @@ def run_bench(args: argparse.Namespace) -> int:
         medusa=medusa,
         draft_vocab=draft_vocab,
         compile=args.compile,
+        heads=heads,
     )
     result.settings.update(
         target=args.target,
         draft=args.draft or "none",
-        medusa=args.medusa,
+        medusa=default_heads(args),
+        heads=named_heads(args),
         prompts=",".join(args.prompts),
         n=args.n,
         dtype=args.dtype,

@@ -77,6 +77,8 @@ def measured_on(settings: dict[str, Any]) -> str:
         models += f" drafted by {at['draft']}"
     if at.get("medusa"):
         models += f", heads {at['medusa']}"
+    for name, source in (at.get("heads") or {}).items():
+        models += f", heads {name} {source}"
     decoding = "sampling" if at.get("do_sample") else "greedy"
     return (
         f"Measured on {at['date']}: hf_specdec {at.get('version', '?')}, {at.get('machine', '?')}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,14 +28,23 @@ class Method:
             `"lookup"` (this library's prompt lookup), `"early-exit"` (this library's self-speculation from the
             target's first layers), `"hf-early-exit"` (transformers' own) or `"medusa"` (this library's Medusa
             heads).
+        heads: for `"medusa"`, the name of the heads it decodes with (`--medusa NAME=PATH`); `None`: the heads
+            given without a name.
     """
 
     name: str
     uses: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    heads: str | None = None
 
-    def skip_reason(self, batch_size: int, has_draft: bool, has_medusa: bool = False) -> str | None:
-        """Why this method cannot run in this setting, or `None` when it can."""
+    def skip_reason(
+        self, batch_size: int, has_draft: bool, has_medusa: bool = False, head_names: Collection[str] = ()
+    ) -> str | None:
+        """Why this method cannot run in this setting, or `None` when it can (`has_medusa`: heads without a name
+        are there; `head_names`: the names of the others)."""
+        if self.uses == "medusa" and self.heads is not None:
+            named = self.heads in head_names
+            return None if named else f"needs the heads named {self.heads} (--medusa {self.heads}=PATH)"
         if self.uses == "medusa":
             return None if has_medusa else "needs Medusa heads (--medusa)"
         if self.uses in ("specdec", "hf-assistant") and not has_draft:
@@ -105,6 +115,10 @@ PATTERNS: dict[str, str] = {
 """The methods named by pattern, beside `METHODS`: N, D and K stand for whole numbers >= 1. `method_by_name`
 accepts each of them."""
 
+NAMED_HEADS = "NAME-N, NAME-N-lookup, NAME-dynN, NAME-dynN-lookup"
+"""The methods of heads given a name (`--medusa NAME=PATH`): the `medusa-...` patterns with the heads named NAME,
+so that one run compares several heads on the same prompts."""
+
 
 def method_names() -> list[str]:
     """Every method `method_by_name` accepts: the names of `METHODS`, sorted, then the patterns of `PATTERNS`."""
@@ -113,8 +127,9 @@ def method_names() -> list[str]:
 
 # Medusa trees of any size, by name: `medusa-N` (the best N-node tree for the heads' measured accuracies),
 # `medusa-dynN` (a DynamicTree of N nodes), either with `-lookup` (prompt lookup's continuation grafted on,
-# up to 10 tokens).
-_MEDUSA_TREE = re.compile(r"medusa-(dyn)?([1-9][0-9]*)(-lookup)?")
+# up to 10 tokens); `NAME-N` and the others the same with the heads named NAME.
+_MEDUSA_TREE = re.compile(r"([a-z][a-z0-9_]*)-(dyn)?([1-9][0-9]*)(-lookup)?")
+_HEADS_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Draft-model trees by size: `specdec-treeN` (N nodes, the default shape), `specdec-treeN-dD-kK` (depth D, top_k K),
 # with `-vocab` over the benchmark's draft vocabulary (as `specdec-vocab`).
 # Self-speculation from the target's first N layers: `early-exit-N` (this library), `hf-early-exit-N` (transformers'
@@ -123,10 +138,32 @@ _EARLY_EXIT = re.compile(r"(hf-)?early-exit-([1-9][0-9]*)(-lookup)?")
 _DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?(-vocab)?")
 
 
-def method_by_name(name: str) -> Method:
+def heads_name(text: str) -> str:
+    """A name for heads in method names (`eagle3` makes `eagle3-8`): lower-case letters, digits and `_`, starting
+    with a letter, and not the first word of another method (`medusa`, `specdec`, `lookup`, ...).
+
+    Raises:
+        `ValueError`: for any other name.
+    """
+    taken = sorted({name.split("-")[0] for name in [*METHODS, *PATTERNS]})
+    if not _HEADS_NAME.fullmatch(text):
+        raise ValueError(f"heads name {text!r}: use lower-case letters, digits and _, starting with a letter")
+    if text in taken:
+        raise ValueError(f"heads name {text!r} is the first word of other methods ({', '.join(taken)}): pick another")
+    return text
+
+
+def names_heads(name: str) -> bool:
+    """Whether `name` is a method of heads given a name (`eagle3-8`, not `medusa-8`), whatever the name."""
+    match = _MEDUSA_TREE.fullmatch(name)
+    return match is not None and match.group(1) != "medusa"
+
+
+def method_by_name(name: str, heads: Collection[str] = ()) -> Method:
     """The method called `name`: one of `METHODS`, or one of `PATTERNS` with its numbers, such as a Medusa tree size
     (`medusa-8`, `medusa-5-lookup`, `medusa-dyn12`), a draft model's tree (`specdec-tree8`, `specdec-tree10-d5-k2`,
-    `specdec-tree16-vocab`) or self-speculation (`early-exit-4`, `hf-early-exit-4`)."""
+    `specdec-tree16-vocab`) or self-speculation (`early-exit-4`, `hf-early-exit-4`); with `heads` (names of heads,
+    see `heads_name`), a tree of the heads of one of them (`eagle3-8`, `eagle3-16-lookup`)."""
     if name in METHODS:
         return METHODS[name]
     early_exit = _EARLY_EXIT.fullmatch(name)
@@ -145,13 +182,14 @@ def method_by_name(name: str) -> Method:
         kwargs = {"assistant": "{draft}", "tree": spec} | ({"assistant_vocab": "{draft_vocab}"} if vocab else {})
         return Method(name, "specdec", kwargs)
     match = _MEDUSA_TREE.fullmatch(name)
-    if match is None:
+    if match is None or (match.group(1) != "medusa" and match.group(1) not in heads):
+        named = f" (heads named: {', '.join(heads)})" if heads else ""
         raise ValueError(
             f"Unknown method {name!r}; choose from {', '.join(sorted(METHODS))}, or a pattern: "
-            f"{', '.join(PATTERNS)} (N, D, K: whole numbers >= 1)."
+            f"{', '.join(PATTERNS)} (N, D, K: whole numbers >= 1){named}."
         )
-    dynamic, size, lookup = match.groups()
+    which, dynamic, size, lookup = match.groups()
     kwargs: dict[str, Any] = {"medusa": True, "tree": DynamicTree(num_nodes=int(size)) if dynamic else int(size)}
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = 10
-    return Method(name, "medusa", kwargs)
+    return Method(name, "medusa", kwargs, heads=None if which == "medusa" else which)

@@ -81,12 +81,15 @@ def _run_method(
     medusa: Any = None,
     draft_vocab: torch.Tensor | None = None,
     draft_int8: PreTrainedModel | None = None,
+    heads: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, float, Any, int | None]:
     kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab, draft_int8)}
     speculative = method.uses in ("specdec", "lookup", "early-exit", "medusa")
     if speculative:
         kwargs["return_dict_in_generate"] = True
-    model = medusa if method.uses == "medusa" else target
+    model = target
+    if method.uses == "medusa":
+        model = medusa if method.heads is None else (heads or {})[method.heads]
     # Transformers' own methods: its generate(), past this library's mixin (which serves their arguments).
     generate = functools.partial(GenerationMixin.generate, model) if method.uses.startswith("hf-") else model.generate
     if target.device.type == "cuda":
@@ -116,11 +119,13 @@ def run_benchmark(
     medusa: Any = None,
     draft_vocab: torch.Tensor | None = None,
     compile: bool = False,
+    heads: dict[str, Any] | None = None,
 ) -> BenchmarkResult:
     """Run every method on every batch of prompts, in an order that rotates from batch to batch.
 
     The first method must be `plain`: the others are compared to its outputs (greedy) and its speed.
-    `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods; `draft_vocab` the draft
+    `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods, and `heads` others by name, for
+    the methods of named heads (`eagle3-8` decodes with `heads["eagle3"]`); `draft_vocab` the draft
     vocabulary of the methods that restrict their draft's (built from ShareGPT V3 when they run and it is `None`).
     The int8 draft of the `specdec-int8` methods is made from `draft` when they run (on a CPU only).
     With `compile`, every method runs with `cache_implementation="static"` and a `compile_config` (transformers'
@@ -134,7 +139,7 @@ def run_benchmark(
     )
     runnable = []
     for method in methods:
-        reason = method.skip_reason(batch_size, draft is not None, medusa is not None)
+        reason = method.skip_reason(batch_size, draft is not None, medusa is not None, list(heads or {}))
         if reason is None and compile and method.uses.startswith("hf-"):
             reason = "--compile: transformers' assisted generation and prompt lookup keep a dynamic cache"
         if reason is None and method.needs_int8_draft and draft is not None and draft.device.type != "cpu":
@@ -174,7 +179,7 @@ def run_benchmark(
         warm = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         for method in runnable:
             warm_kwargs = {**generate_kwargs, "max_new_tokens": warm_tokens}
-            _run_method(method, target, draft, warm, warm_kwargs, medusa, draft_vocab, draft_int8)
+            _run_method(method, target, draft, warm, warm_kwargs, medusa, draft_vocab, draft_int8, heads)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
@@ -182,7 +187,7 @@ def run_benchmark(
         for method in order:
             torch.manual_seed(seed + index)
             outputs[method.name] = _run_method(
-                method, target, draft, inputs, generate_kwargs, medusa, draft_vocab, draft_int8
+                method, target, draft, inputs, generate_kwargs, medusa, draft_vocab, draft_int8, heads
             )
         plain = outputs[runnable[0].name][0]
         for method in runnable:

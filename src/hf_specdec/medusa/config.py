@@ -49,12 +49,20 @@ class MedusaConfig:
             inputs of layers 2, L // 2 and L - 3 of an L-layer base (EAGLE-3's and vLLM's default), filled in
             from the base.
         layer_config (`dict`, *optional*): EAGLE-3 heads: the config of their one layer (a `LlamaConfig` as a
-            dict: width, attention heads, MLP width, norm epsilon, rope); `None`: derived from the base
-            (`hf_specdec.medusa.eagle3.eagle3_layer_config`), filled in when the heads are built. EAGLE heads:
-            when set, their decoder is Llama layers of this config (a published EAGLE-1 checkpoint's own) instead
-            of the base's architecture.
+            dict: width, attention heads, MLP width, norm epsilon, rope; with `"model_type": "qwen3"`, a
+            `Qwen3Config`'s: a Qwen3 layer, with per-head query and key norms); `None`: a Llama layer derived from
+            the base (`hf_specdec.medusa.eagle3.eagle3_layer_config`), filled in when the heads are built; a dict
+            without `hidden_size` (such as `{"model_type": "qwen3"}`) is completed from the base the same way. EAGLE
+            heads: when set, their decoder is Llama layers of this config (a published EAGLE-1 checkpoint's own)
+            instead of the base's architecture.
         norm_before_residual (`bool`): EAGLE-3 heads: start their layer's residual stream at the normed hidden state
             instead of the hidden state itself (a variant some published checkpoints use).
+        norm_before_fc (`bool`): EAGLE-3 heads: one RMS norm over the concatenated fused states before `fc`
+            (`input_norm`, a variant vLLM serves).
+        fc_norm (`bool`): EAGLE-3 heads: an RMS norm on each fused state before `fc` (`fc_norm.i`, a variant vLLM
+            serves).
+        norm_output (`bool`): EAGLE-3 heads: feed their layer its normed output (what their lm_head reads) at the
+            next depth, instead of the output before the norm (a variant vLLM serves).
         input_norms (`bool`): EAGLE heads: scale the token and the feature with RMS norms before their `fc` (the
             library's design, default); `False`: EAGLE-1's, with no norm there nor on the decoder's first layer's
             input (published EAGLE-1 and 2 checkpoints load so).
@@ -80,6 +88,9 @@ class MedusaConfig:
     feature_layers: list[int] | None = None
     layer_config: dict[str, Any] | None = None
     norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
     input_norms: bool = True
     fc_bias: bool = False
     base_model_name_or_path: str | None = None
@@ -112,7 +123,7 @@ class MedusaConfig:
                 f"{self.intermediate_size!r} with head_type={self.head_type!r}: pass head_type='eagle' or 'eagle3', "
                 "or drop intermediate_size."
             )
-        for name in ("norm_before_residual", "input_norms", "fc_bias"):
+        for name in ("input_norms", "fc_bias", *EAGLE3_VARIANTS):
             _check_bool(name, getattr(self, name))
         _check_layer_config(self.layer_config)
         if self.head_type != "eagle" and (not self.input_norms or self.fc_bias):
@@ -122,17 +133,31 @@ class MedusaConfig:
             )
         if self.head_type == "eagle3":
             _check_eagle3(self)
-        elif self.norm_before_residual or (self.layer_config is not None and self.head_type != "eagle"):
+            kind = (self.layer_config or {}).get("model_type", "llama")
+            if kind not in EAGLE3_LAYER_TYPES:
+                raise ValueError(
+                    f"MedusaConfig.layer_config: a {kind!r} layer; EAGLE-3 heads' layer is one of {EAGLE3_LAYER_TYPES}."
+                )
+        elif variants := [name for name in EAGLE3_VARIANTS if getattr(self, name)]:
             raise ValueError(
-                f"MedusaConfig.layer_config and norm_before_residual describe EAGLE-3 heads' layer (layer_config "
-                f"also an EAGLE head's decoder), but got head_type={self.head_type!r}: pass head_type='eagle3' "
-                "(or 'eagle' for layer_config) or drop them."
+                f"MedusaConfig.{', '.join(variants)} describe EAGLE-3 heads, but got head_type={self.head_type!r}: "
+                "pass head_type='eagle3' or drop them."
+            )
+        elif self.layer_config is not None and self.head_type != "eagle":
+            raise ValueError(
+                "MedusaConfig.layer_config describes EAGLE-3 heads' layer (or an EAGLE head's decoder), but got "
+                f"head_type={self.head_type!r}: pass head_type='eagle3' (or 'eagle') or drop it."
             )
         elif self.feature_layers is not None:
             raise ValueError(
                 "MedusaConfig.feature_layers chooses the base layers EAGLE-3 heads fuse, but got "
                 f"{self.feature_layers!r} with head_type={self.head_type!r}: pass head_type='eagle3' or drop "
                 "feature_layers."
+            )
+        elif isinstance(self.layer_config, dict) and self.layer_config.get("model_type", "llama") != "llama":
+            raise ValueError(
+                f"MedusaConfig.layer_config: a {self.layer_config['model_type']!r} layer, which EAGLE-3 heads have "
+                f"only; EAGLE heads' decoder is Llama layers (head_type={self.head_type!r})."
             )
         if isinstance(self.base_model_name_or_path, os.PathLike):
             self.base_model_name_or_path = os.fspath(self.base_model_name_or_path)
@@ -237,6 +262,14 @@ def check_tree_paths(name: str, tree: Any, max_depth: int | None = None) -> list
             f"heads. Got {tree!r}."
         )
     return [list(path) for path in paths]
+
+
+EAGLE3_LAYER_TYPES = ("llama", "qwen3")
+"""The layers EAGLE-3 heads are made of: Llama's (what every engine serves), or Qwen3's (Llama's with per-head
+query and key norms, what vLLM's `Eagle3Qwen3ForCausalLM` computes)."""
+
+EAGLE3_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+"""The options of EAGLE-3 heads that published variants set (vLLM's names)."""
 
 
 def _check_eagle3(config: MedusaConfig) -> None:

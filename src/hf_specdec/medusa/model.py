@@ -626,6 +626,9 @@ def _fresh_heads(config: MedusaConfig, base: PreTrainedModel, token_ids: torch.T
             config.vocab_size,
             token_ids,
             config.norm_before_residual,
+            config.norm_before_fc,
+            config.fc_norm,
+            config.norm_output,
         )
     if config.head_type == "eagle":
         return EagleHeads(
@@ -676,8 +679,11 @@ def _check_eagle3_base(config: MedusaConfig, base: PreTrainedModel) -> None:
     num_layers = text.num_hidden_layers
     if config.feature_layers is None:
         config.feature_layers = default_feature_layers(num_layers)
-    if config.layer_config is None:
-        config.layer_config = layer_config_to_dict(eagle3_layer_config(base.config, config.intermediate_size))
+    given = config.layer_config or {}
+    if "hidden_size" not in given:  # none, or only some fields (`{"model_type": "qwen3"}`): the rest from the base
+        kind = given.get("model_type", "llama")
+        derived = layer_config_to_dict(eagle3_layer_config(base.config, config.intermediate_size, kind))
+        config.layer_config = {**derived, **given}
     if max(config.feature_layers) >= num_layers:
         raise ValueError(
             f"feature_layers={config.feature_layers} names hidden states the base does not have before its last "

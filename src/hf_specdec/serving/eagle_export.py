@@ -1,8 +1,10 @@
 """Write EAGLE heads as published drafts (layouts in `hf_specdec.serving.eagle_layouts`) for vLLM:
 
 - EAGLE-3 heads: the layout SafeAILab, SpecForge and AngelSlim release (`layout="published"`, for
-  `speculative_config={"method": "eagle3", "model": DIR}`), or the speculators format (`layout="speculators"`,
-  which vLLM also reads, its config carrying the method and the number of drafted tokens). The fused layers are
+  `speculative_config={"method": "eagle3", "model": DIR}`; `Eagle3Qwen3ForCausalLM` for heads of a Qwen3 layer),
+  or the speculators format (`layout="speculators"`, which vLLM also reads, its config carrying the method and the
+  number of drafted tokens, the layer's `model_type` choosing vLLM's class). The variants (`norm_before_residual`,
+  `norm_before_fc`, `fc_norm`, `norm_output`) are written as vLLM reads them. The fused layers are
   written as `eagle_aux_hidden_state_layer_ids`, indices of the target's hidden states as vLLM reads them (the
   input of layer k, before any norm), in increasing order and each once, as vLLM concatenates them; `fc`'s
   columns are regrouped to match (`vllm_fusion`).
@@ -21,10 +23,11 @@ import torch
 from transformers import LlamaModel, PreTrainedModel
 
 from hf_specdec.medusa.config import MedusaConfig
-from hf_specdec.medusa.eagle3 import layer_config_to_dict
+from hf_specdec.medusa.eagle3 import Eagle3Heads, layer_config_to_dict
 from hf_specdec.serving.eagle_layouts import (
     EAGLE1_ARCHITECTURE,
     EAGLE3_ARCHITECTURE,
+    EAGLE3_QWEN3_ARCHITECTURE,
     LAYER_PREFIXES,
     SPECULATORS_TYPE,
     eagle1_to_published,
@@ -91,7 +94,8 @@ def eagle_files(
             f"The heads' decoder is a {type(decoder).__name__}; vLLM's EAGLE drafts are Llama layers: load or train "
             "heads with a Llama layer_config."
         )
-    fields = published_layer_fields(layer_config_to_dict(decoder.config))
+    layer = model.heads.layer_config if isinstance(model.heads, Eagle3Heads) else decoder.config
+    fields = published_layer_fields(layer_config_to_dict(layer))
     assert config.vocab_size is not None
     if config.head_type == "eagle3":
         return _eagle3(model, base, base_name, layout, fields, state)
@@ -124,13 +128,23 @@ def _eagle3(
     config = model.config
     assert config.vocab_size is not None and config.hidden_size is not None
     draft_vocab = config.head_vocab_size or config.vocab_size
-    ids, state["fc.weight"] = vllm_fusion(list(model.heads.feature_layers), state["fc.weight"])
+    layers = list(model.heads.feature_layers)
+    if (config.norm_before_fc or config.fc_norm) and layers != sorted(set(layers)):
+        raise ValueError(
+            f"These heads fuse the base's states {layers}, which vLLM takes once each and in increasing order; with "
+            "norm_before_fc or fc_norm, the norms see the states as the heads take them, so no regrouping of fc "
+            "computes the same: give the heads increasing, distinct feature_layers."
+        )
+    ids, state["fc.weight"] = vllm_fusion(layers, state["fc.weight"])
     target = None if config.hidden_size == fields["hidden_size"] else config.hidden_size
     prefix = LAYER_PREFIXES["speculators" if layout == "speculators" else "eagle3"]
     weights = eagle3_to_published(state, prefix, config.vocab_size)
     common = {
         "draft_vocab_size": draft_vocab,
         "norm_before_residual": config.norm_before_residual,
+        "norm_before_fc": config.norm_before_fc,
+        "fc_norm": config.fc_norm,
+        "norm_output": config.norm_output,
         **({} if target is None else {"target_hidden_size": target}),
     }
     # vLLM sizes fc's input by `num_aux_hidden_states`, else by `eagle_config`'s ids, else for 3 layers: say it.
@@ -145,8 +159,6 @@ def _eagle3(
             **common,
             "target_hidden_size": target,
             "eagle_aux_hidden_state_layer_ids": ids,
-            "norm_before_fc": False,
-            "norm_output": False,
             "speculators_config": {
                 "algorithm": SPECULATORS_TYPE,
                 "proposal_methods": [
@@ -162,8 +174,9 @@ def _eagle3(
             },
         }
         return meta, weights
+    qwen3 = fields["model_type"] == "qwen3"
     meta = {
-        "architectures": [EAGLE3_ARCHITECTURE],
+        "architectures": [EAGLE3_QWEN3_ARCHITECTURE if qwen3 else EAGLE3_ARCHITECTURE],
         **fields,
         "num_hidden_layers": 1,
         "vocab_size": config.vocab_size,

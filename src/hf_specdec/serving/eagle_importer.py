@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from hf_specdec.medusa.config import MedusaConfig
 from hf_specdec.serving.eagle_layouts import (
-    EAGLE3_ARCHITECTURE,
+    EAGLE3_ARCHITECTURES,
     LAYER_PREFIXES,
     SPECULATORS_TYPE,
     eagle1_from_published,
@@ -37,9 +37,6 @@ from hf_specdec.serving.eagle_layouts import (
 )
 
 logger = logging.getLogger(__name__)
-
-# vLLM's EAGLE-3 options that add norms this library's heads do not have.
-_UNSUPPORTED_OPTIONS = ("norm_before_fc", "fc_norm", "norm_output")
 
 
 @dataclass
@@ -94,7 +91,14 @@ def read_eagle(directory: Path, meta: dict[str, Any]) -> ImportedEagle | None:
         `ValueError`: when the files are there but are not a draft this library computes exactly, with the reason.
     """
     speculators = meta.get("speculators_model_type")
-    eagle3_config = speculators is not None or EAGLE3_ARCHITECTURE in (meta.get("architectures") or [])
+    architectures = meta.get("architectures") or []
+    other = [name for name in architectures if "eagle" in name.lower() and name not in EAGLE3_ARCHITECTURES]
+    if other and speculators is None:
+        raise ValueError(
+            f"{directory}: a draft of architecture {other[0]}; this library loads EAGLE-3 drafts of architectures "
+            f"{', '.join(EAGLE3_ARCHITECTURES)} (Llama layers, or Qwen3 layers for Eagle3Qwen3ForCausalLM)."
+        )
+    eagle3_config = speculators is not None or any(name in EAGLE3_ARCHITECTURES for name in architectures)
     files = weight_files(directory)
     if not meta or not files:
         if eagle3_config:
@@ -110,35 +114,61 @@ def read_eagle(directory: Path, meta: dict[str, Any]) -> ImportedEagle | None:
     raw = _load(files)
     try:
         if speculators is not None:
-            return _eagle3(raw, meta, meta.get("transformer_layer_config") or {}, "speculators", str(directory))
+            layer_meta = meta.get("transformer_layer_config") or {}
+            kind = layer_meta.get("model_type", "llama")  # vLLM builds the layer of this model type
+            return _eagle3(raw, meta, layer_meta, "speculators", str(directory), kind)
         if eagle3_config or any(key.startswith(LAYER_PREFIXES["eagle3"]) for key in raw):
-            return _eagle3(raw, meta, meta, "eagle3", str(directory))
+            kind = next((EAGLE3_ARCHITECTURES[name] for name in architectures if name in EAGLE3_ARCHITECTURES), "llama")
+            return _eagle3(raw, meta, meta, "eagle3", str(directory), kind)
         return _eagle1(raw, meta, str(directory))
     except ValueError as error:
         raise ValueError(f"{directory}: {error}") from error
 
 
 def _eagle3(
-    raw: dict[str, torch.Tensor], meta: dict[str, Any], layer_meta: dict[str, Any], layout: str, source: str
+    raw: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    layer_meta: dict[str, Any],
+    layout: str,
+    source: str,
+    kind: str,
 ) -> ImportedEagle:
-    if unsupported := [name for name in _UNSUPPORTED_OPTIONS if meta.get(name)]:
+    eagle = meta.get("eagle_config") or {}
+    if eagle.get("use_aux_hidden_state") is False:
         raise ValueError(
-            f"the draft sets {unsupported}, norms around its fc or output that this library's EAGLE-3 heads do not "
-            "have: it cannot be computed here as vLLM computes it."
+            "the draft's eagle_config sets use_aux_hidden_state: false (no fusion of the target's layers), which "
+            "EAGLE-3 heads always do."
         )
+    # Read as vLLM reads them: norm_before_fc from eagle_config first; the others from the config's top level.
+    norm_before_fc = bool(eagle.get("norm_before_fc", meta.get("norm_before_fc", False)))
     prefix = LAYER_PREFIXES[layout]
     state, embeddings = eagle3_from_published(raw, prefix, source)
-    for key in ("fc.weight", "norm.weight", "lm_head.weight", "decoder.layers.0.hidden_norm.weight"):
+    wanted = ["fc.weight", "norm.weight", "lm_head.weight", "decoder.layers.0.hidden_norm.weight"]
+    wanted += ["input_norm.weight"] if norm_before_fc else []
+    wanted += [f"decoder.layers.0.self_attn.{n}_norm.weight" for n in ("q", "k")] if kind == "qwen3" else []
+    for key in wanted:
         if key not in state:
             name = key.replace("decoder.layers.0.", prefix)
             raise ValueError(f"the EAGLE-3 draft has no {name!r} (found {sorted(raw)[:8]} ...).")
-    layer_config = layer_config_from_published(layer_meta)
+    unread = [key for key in state if key.endswith(("q_norm.weight", "k_norm.weight")) and kind != "qwen3"]
+    unread += ["input_norm.weight"] if "input_norm.weight" in state and not norm_before_fc else []
+    unread += [key for key in state if key.startswith("fc_norm.") and not meta.get("fc_norm")]
+    if unread:
+        raise ValueError(
+            f"the draft holds {unread[0]!r}, which its config does not use (vLLM would not read it): a Llama layer "
+            "has no q_norm/k_norm (Eagle3Qwen3ForCausalLM's has), input_norm needs norm_before_fc and fc_norm.* "
+            "needs fc_norm in the config."
+        )
+    layer_config = layer_config_from_published(layer_meta, kind)
     hidden = layer_config["hidden_size"]
-    eagle = meta.get("eagle_config") or {}
     listed = meta.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
     ids = sorted({int(i) for i in listed}) if listed else None  # vLLM fuses sorted(set(ids))
     fused = state["fc.weight"].shape[1]
-    target = meta.get("target_hidden_size") or fused // (len(ids) if ids else 3)
+    count = len(ids) if ids else 3
+    target = meta.get("target_hidden_size") or fused // count
+    norms = sorted(key for key in state if key.startswith("fc_norm."))
+    if meta.get("fc_norm") and norms != sorted(f"fc_norm.{i}.weight" for i in range(count)):
+        raise ValueError(f"fc_norm is set, so the draft needs fc_norm.0 .. fc_norm.{count - 1} (found {norms}).")
     if target != hidden:
         raise ValueError(
             f"the draft's layer is {hidden} wide but it reads target states {target} wide: such drafts embed tokens "
@@ -163,6 +193,9 @@ def _eagle3(
         feature_layers=ids,
         layer_config=layer_config,
         norm_before_residual=bool(meta.get("norm_before_residual", layout == "speculators")),
+        norm_before_fc=norm_before_fc,
+        fc_norm=bool(meta.get("fc_norm", False)),
+        norm_output=bool(meta.get("norm_output", False)),
         base_model_name_or_path=_base_name(meta),
     )
     name = "EAGLE-3 (speculators format)" if layout == "speculators" else "EAGLE-3"

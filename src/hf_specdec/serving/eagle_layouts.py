@@ -14,6 +14,12 @@ EAGLE-3, as SafeAILab, SpecForge and AngelSlim release it and as vLLM's `method=
     t2d                       (vocab,) bool                              (token_ids' mask over the vocabulary)
     embed_tokens.weight       optional, not read: the base's embeddings are used, as vLLM does without it
 
+Variants vLLM serves, from the same files: a Qwen3 layer (`architectures: ["Eagle3Qwen3ForCausalLM"]`,
+`model_type: "qwen3"`, and `midlayer.self_attn.q_norm.weight` / `k_norm.weight`: RMS norms over each head's
+queries and keys); `norm_before_fc` (`input_norm.weight`, over the concatenated states), `fc_norm`
+(`fc_norm.{i}.weight`, one per fused state), `norm_output` (no weight: the normed output is fed back) and
+`norm_before_residual`, each a config field (`norm_before_fc` also in `eagle_config`).
+
 The `speculators` format (vllm-project/speculators): the same weights with `layers.0.*` for `midlayer.*`, and a
 config with `speculators_model_type: "eagle3"`, the layer's config under `transformer_layer_config`, and
 `draft_vocab_size`, `norm_before_residual`, `eagle_aux_hidden_state_layer_ids` beside it.
@@ -29,17 +35,32 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen3Config
 
-from hf_specdec.medusa.eagle3 import layer_config_to_dict
+from hf_specdec.medusa.config import EAGLE3_LAYER_TYPES
+from hf_specdec.medusa.eagle3 import layer_config_from_dict, layer_config_to_dict
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+EAGLE3_QWEN3_ARCHITECTURE = "Eagle3Qwen3ForCausalLM"
+# The architectures of published EAGLE-3 drafts and the layer each is made of (vLLM 0.32's registry: the drafts
+# for Qwen2.5-VL, Qwen3-VL and MiniMax-M2 targets are Llama layers too).
+EAGLE3_ARCHITECTURES = {
+    EAGLE3_ARCHITECTURE: "llama",
+    "Eagle3LlamaForCausalLM": "llama",
+    "Eagle3Qwen2_5vlForCausalLM": "llama",
+    "Eagle3Qwen3vlForCausalLM": "llama",
+    "Eagle3MiniMaxM2ForCausalLM": "llama",
+    EAGLE3_QWEN3_ARCHITECTURE: "qwen3",
+}
 EAGLE1_ARCHITECTURE = "LlamaForCausalLM"
 SPECULATORS_TYPE = "eagle3"
 LAYER_PREFIXES = {"eagle3": "midlayer.", "speculators": "layers.0."}
 _LIBRARY_LAYER = "decoder.layers.0."
 # The one-row embedding of the heads' decoder (a transformers model fed vectors, never ids): no draft has it.
 UNUSED_EMBEDDING = "decoder.embed_tokens.weight"
+
+# EAGLE-3's weights outside its layer, named alike here and in the releases (`fc_norm.i.weight` too).
+_EAGLE3_OWN = ("fc.weight", "norm.weight", "lm_head.weight", "input_norm.weight")
 
 # The fields of a published layer config that describe the layer (the rest is about a vocabulary it does not
 # have, or about training).
@@ -60,24 +81,24 @@ _LAYER_FIELDS = (
 )
 
 
-def layer_config_from_published(meta: dict[str, Any]) -> dict[str, Any]:
+def layer_config_from_published(meta: dict[str, Any], kind: str = "llama") -> dict[str, Any]:
     """`MedusaConfig.layer_config` for a published draft's layer config (`config.json`, or speculators'
-    `transformer_layer_config`): its layer's fields, with no vocabulary (the draft is fed vectors).
+    `transformer_layer_config`): its layer's fields, with no vocabulary (the draft is fed vectors). `kind`: the
+    layer the engine builds for the draft, `"llama"` or `"qwen3"` (per-head query and key norms).
 
     Raises:
-        `ValueError`: when the config is not a Llama layer's (Qwen3 layers add per-head norms this library does not
-            build) or lacks the layer's width.
+        `ValueError`: when the config is of another layer (EAGLE-1 drafts are Llama layers only), has a sliding
+            window, or lacks the layer's width.
     """
-    kind = meta.get("model_type", "llama")
-    if kind != "llama":
-        raise ValueError(
-            f"the draft's layer is a {kind!r} layer; this library loads drafts made of Llama layers (the published "
-            "EAGLE-3 checkpoints for Llama, Qwen and other targets are)."
-        )
+    if kind not in EAGLE3_LAYER_TYPES:
+        raise ValueError(f"the draft's layer is a {kind!r} layer; this library loads {EAGLE3_LAYER_TYPES} layers.")
     if not isinstance(meta.get("hidden_size"), int):
         raise ValueError("the draft's config gives no hidden_size.")
-    fields = {name: meta[name] for name in _LAYER_FIELDS if meta.get(name) is not None}
-    config = LlamaConfig(
+    names = [name for name in _LAYER_FIELDS if kind == "llama" or name != "mlp_bias"]  # Qwen3's MLP has no bias
+    fields = {name: meta[name] for name in names if meta.get(name) is not None}
+    if (meta.get("layer_types") or [])[:1] == ["sliding_attention"]:  # vLLM's qwen3 draft layer reads it
+        raise ValueError("the draft's layer attends through a sliding window, which EAGLE-3 heads here do not.")
+    config = (Qwen3Config if kind == "qwen3" else LlamaConfig)(
         **fields,
         num_hidden_layers=1,
         vocab_size=1,
@@ -90,14 +111,15 @@ def layer_config_from_published(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def published_layer_fields(layer_config: dict[str, Any]) -> dict[str, Any]:
-    """A layer's config as published drafts write it: Llama's fields, the rope as `rope_theta` and `rope_scaling`
-    (what transformers 4 and 5 and vLLM read alike)."""
-    config = LlamaConfig(**layer_config)
+    """A layer's config as published drafts write it: Llama's (or Qwen3's) fields, the rope as `rope_theta` and
+    `rope_scaling` (what transformers 4 and 5 and vLLM read alike)."""
+    config = layer_config_from_dict(layer_config)
+    qwen3 = isinstance(config, Qwen3Config)
     rope = dict(config.rope_parameters or {})
     theta = float(rope.pop("rope_theta", 10000.0))
     scaling = None if rope.get("rope_type", "default") == "default" else rope
     return {
-        "model_type": "llama",
+        "model_type": "qwen3" if qwen3 else "llama",
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
         "num_attention_heads": config.num_attention_heads,
@@ -109,7 +131,7 @@ def published_layer_fields(layer_config: dict[str, Any]) -> dict[str, Any]:
         "rope_theta": theta,
         "rope_scaling": scaling,
         "attention_bias": config.attention_bias,
-        "mlp_bias": config.mlp_bias,
+        **({} if qwen3 else {"mlp_bias": config.mlp_bias}),
         "tie_word_embeddings": False,
     }
 
@@ -153,7 +175,7 @@ def eagle3_from_published(
     for key, tensor in raw.items():
         if key.startswith(layer_prefix):
             state[_LIBRARY_LAYER + key.removeprefix(layer_prefix)] = tensor
-        elif key in ("fc.weight", "norm.weight", "lm_head.weight"):
+        elif key in _EAGLE3_OWN or key.startswith("fc_norm."):
             state[key] = tensor
         elif key == "embed_tokens.weight":
             embeddings = tensor
@@ -179,7 +201,7 @@ def eagle3_to_published(state: dict[str, torch.Tensor], layer_prefix: str, vocab
             out.update(d2t_t2d(tensor, vocab_size))
         elif key == UNUSED_EMBEDDING:
             continue
-        elif key in ("fc.weight", "norm.weight", "lm_head.weight"):
+        elif key in _EAGLE3_OWN or key.startswith("fc_norm."):
             out[key] = tensor
         else:
             raise ValueError(f"{key!r} has no place in EAGLE-3's published layout.")

@@ -16,6 +16,7 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
@@ -26,6 +27,7 @@ from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.card import HEAD_NAMES
+from hf_specdec.medusa.config import EAGLE3_LAYER_TYPES
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory, state_layers
 from hf_specdec.serving.export import check_exportable, export_heads
 from hf_specdec.training.collator import MedusaCollator
@@ -47,6 +49,7 @@ _HEAD_SHAPE = (
     "head_intermediate_size",
     "feature_layers",
     "norm_before_residual",
+    "head_layer_type",
 )
 _CONFIG_NAME = {"head_intermediate_size": "intermediate_size"}  # what MedusaConfig calls it
 METRICS_NAME = "eval_metrics.json"
@@ -96,6 +99,13 @@ class MedusaTrainingConfig:
         metadata={
             "help": "EAGLE-3 heads: start their layer's residual stream at the normed fused state (the speculators "
             "variant) instead of the fused state itself."
+        },
+    )
+    head_layer_type: str = field(
+        default="llama",
+        metadata={
+            "help": "EAGLE-3 heads: their one layer, llama (what every engine serves) or qwen3 (with per-head query "
+            "and key norms, vLLM's Eagle3Qwen3ForCausalLM)."
         },
     )
     feature_layers: list[int] | None = field(
@@ -180,6 +190,10 @@ class MedusaTrainingConfig:
             raise ValueError("--relabel_with_base and --self_distill both label with the base's own tokens: pass one.")
         if self.relabel_with_base and not self.cache_hidden_states:
             raise ValueError("--relabel_with_base labels the data in the hidden-state pass: add --cache_hidden_states.")
+        if self.head_layer_type not in EAGLE3_LAYER_TYPES:
+            raise ValueError(f"--head_layer_type is one of {EAGLE3_LAYER_TYPES}, got {self.head_layer_type!r}.")
+        if self.head_layer_type != "llama" and self.head_type != "eagle3":
+            raise ValueError("--head_layer_type chooses EAGLE-3 heads' layer: add --head_type eagle3 or drop it.")
         if self.head_type == "eagle3" and self.feature_weight != 1.0:
             raise ValueError("EAGLE-3 heads learn tokens only (no feature regression): drop --feature_weight.")
         if self.head_type in ("eagle", "eagle3") and self.lora:
@@ -208,6 +222,7 @@ class MedusaTrainingConfig:
             intermediate_size=self.head_intermediate_size,
             feature_layers=self.feature_layers,
             norm_before_residual=self.norm_before_residual,
+            layer_config=None if self.head_layer_type == "llama" else {"model_type": self.head_layer_type},
         )
 
     @property
@@ -300,7 +315,7 @@ def train_medusa(
         medusa_config.extra["training_command"] = command
     trained = asdict(config)
     # From the checkpoint if warm.
-    trained.update({name: getattr(medusa_config, _CONFIG_NAME.get(name, name)) for name in _HEAD_SHAPE})
+    trained.update({name: _head_shape(medusa_config, name) for name in _HEAD_SHAPE})
     medusa_config.extra["training_config"] = trained
     trainer.save_model(str(output_dir))  # the process that saves writes (FSDP/DeepSpeed gather first)
     if trainer.is_world_process_zero():
@@ -349,6 +364,13 @@ def _served_base(base: str) -> str:
     """The base as a serving engine loads it (TGI reads it from the exported config): a zoo model's converted
     folder, which engines can read, else `base_reference`."""
     return str(zoo.model_path(base)) if base in ZOO else base_reference(base)
+
+
+def _head_shape(config: MedusaConfig, name: str) -> Any:
+    """The value of the training option `name` (one of `_HEAD_SHAPE`) that heads so configured were made with."""
+    if name == "head_layer_type":
+        return (config.layer_config or {}).get("model_type", "llama")
+    return getattr(config, _CONFIG_NAME.get(name, name))
 
 
 def _resume_argument(value: str | bool | None) -> str | bool | None:
