@@ -6,7 +6,9 @@ cached under `$HF_SPECDEC_CACHE/heads/`), exported with `hf-specdec export --to 
 published one, `LlamaForCausalLMEagle3`, and the speculators format), and served with vLLM's offline
 `LLM(..., speculative_config={"method": "eagle3", ...})` in float32 on 8 other questions; and the same weights read
 as the speculators variant (`norm_before_residual`, untrained: another function, which both sides must compute
-alike), exported in the published layout, whose config must carry that flag:
+alike), exported in the published layout, whose config must carry that flag; and the same weights with every
+other variant vLLM serves added, untrained (a Qwen3 layer's per-head query and key norms, `norm_before_fc`,
+`fc_norm`, `norm_output`), exported as `Eagle3Qwen3ForCausalLM`:
 
 (a) vLLM's greedy tokens with each draft equal its greedy tokens without one;
 (b) vLLM's speculative-decoding counters (drafts, drafted and accepted tokens, accepted tokens by position) equal
@@ -72,6 +74,28 @@ class _StopAt(StoppingCriteria):
         return torch.full((input_ids.shape[0],), input_ids.shape[-1] >= self.length, dtype=torch.bool)
 
 
+def _with_every_variant(heads: Path, folder: Path) -> Path:
+    """`heads` with a Qwen3 layer and vLLM's other variants, their new norms' weights drawn near 1 (untrained)."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir()
+    config = json.loads((heads / "medusa_config.json").read_text())
+    config |= {"norm_before_fc": True, "fc_norm": True, "norm_output": True}
+    config["layer_config"] = {**config["layer_config"], "model_type": "qwen3"}
+    (folder / "medusa_config.json").write_text(json.dumps(config))
+    state = load_file(heads / "medusa_heads.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    hidden = state["norm.weight"].numel()
+    head_dim = config["layer_config"].get("head_dim") or hidden // config["layer_config"]["num_attention_heads"]
+    shapes = {"input_norm.weight": state["fc.weight"].shape[1]}
+    shapes |= {f"fc_norm.{i}.weight": hidden for i in range(state["fc.weight"].shape[1] // hidden)}
+    shapes |= {f"decoder.layers.0.self_attn.{n}_norm.weight": head_dim for n in ("q", "k")}
+    for key, size in shapes.items():
+        state[key] = (1.0 + 0.2 * torch.randn(size, generator=generator)).to(state["norm.weight"].dtype)
+    save_file(state, folder / "medusa_heads.safetensors")
+    return folder
+
+
 def _our_counts(model: object, prompts: list[list[int]], plain: list[list[int]]) -> tuple[dict[str, object], int]:
     """This library's counters in vLLM's terms for `prompts`, and on how many prompts its tokens equal `plain`.
 
@@ -124,10 +148,12 @@ def test_vllm_serves_exported_eagle3_heads_with_plain_greedy_output_and_our_acce
     config = json.loads((heads_dir / "medusa_config.json").read_text())
     (variant / "medusa_config.json").write_text(json.dumps({**config, "norm_before_residual": True}))
     (variant / "medusa_heads.safetensors").symlink_to(heads_dir / "medusa_heads.safetensors")
+    qwen3 = _with_every_variant(heads_dir, tmp_path / "heads-qwen3-variants")
     # (heads, layout) per exported draft: both layouts of the trained heads; the variant in the published layout,
     # whose native config must carry the flag (vLLM's default there is False; speculators' is True).
     drafts = {"published": (heads_dir, "published"), "speculators": (heads_dir, "speculators")}
     drafts["published, norm_before_residual"] = (variant, "published")
+    drafts["published, Qwen3 layer and every variant"] = (qwen3, "published")
     exported = {name: tmp_path / f"vllm-{index}" for index, name in enumerate(drafts)}
     for name, (heads, layout) in drafts.items():
         command = ["export", str(heads), "--to", "vllm", "--out", str(exported[name]), "--dtype", "float32"]
@@ -151,7 +177,7 @@ def test_vllm_serves_exported_eagle3_heads_with_plain_greedy_output_and_our_acce
 
     report: dict[str, object] = {}
     ours = {}
-    for heads in (heads_dir, variant):
+    for heads in (heads_dir, variant, qwen3):
         model = MedusaForCausalLM.from_pretrained(heads, base_model=base)
         ours[heads], same_as_plain = _our_counts(model, prompts, vllm["plain"])
         report[f"ours, {heads.name}"] = ours[heads]
