@@ -63,7 +63,7 @@ from hf_specdec.medusa.eagle3 import (
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.medusa.recurrent import RecurrentHeads
-from hf_specdec.medusa.sequence_heads import SequenceHeads
+from hf_specdec.medusa.sequence_heads import SequenceHeads, read_states
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
 
@@ -669,7 +669,7 @@ def state_layers(config: MedusaConfig, base: PreTrainedModel) -> tuple[int, ...]
     layers = config.feature_layers
     if layers is None:
         layers = default_feature_layers(base.config.get_text_config(decoder=True).num_hidden_layers)
-    return (*layers, -1)
+    return read_states(tuple(layers))
 
 
 def _check_eagle3_base(config: MedusaConfig, base: PreTrainedModel) -> None:

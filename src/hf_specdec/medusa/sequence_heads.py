@@ -58,7 +58,7 @@ class SequenceHeads(DraftHeads):
     def state_layers(self) -> tuple[int, ...]:
         """The base's hidden states training reads, concatenated in this order: those the heads fuse, then the last
         one (the base's own logits, the soft targets, and the features EAGLE-1 regresses on)."""
-        return self.feature_layers if self.feature_layers == (-1,) else (*self.feature_layers, -1)
+        return read_states(self.feature_layers)
 
     def split_states(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`states` `(..., len(state_layers) * hidden)` as (what the heads read, the base's last hidden state)."""
@@ -207,6 +207,12 @@ class SequenceHeads(DraftHeads):
 
     def expander(self, hidden: torch.Tensor, lm_head: nn.Module, embeddings: nn.Module) -> Expander:
         raise TypeError("EAGLE heads keep a cache across steps: they draft through EagleDrafter.")
+
+
+def read_states(feature_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The base's hidden states that heads fusing `feature_layers` train on: those layers, then the last one
+    (`(-1,)` alone for heads that read the last one only)."""
+    return feature_layers if feature_layers == (-1,) else (*feature_layers, -1)
 
 
 def context_visibility(valid: torch.Tensor) -> torch.Tensor:
