@@ -8,7 +8,8 @@ import json
 import pytest
 
 from hf_specdec.bench.acceptance_record import StepRecord, load_record
-from hf_specdec.bench.gpu import EAGER_WIDTHS, _curve
+from hf_specdec.bench.gpu import EAGER_WIDTHS, PairCosts, _curve, predict
+from hf_specdec.bench.overhead import Overhead
 from hf_specdec.cli import main
 
 CHAIN = StepRecord("draft-chain-4", "", 10, 31, 40, {5: 10}, [10, 10, 10, 10], [8, 6, 4, 2])
@@ -32,6 +33,16 @@ def test_a_chain_truncated_to_fewer_drafts_commits_and_costs_what_those_would() 
     assert one.verify_widths == {1: 2, 2: 8} and one.tokens == 16 and one.draft_forwards == 8
 
 
+def test_heads_are_priced_at_their_own_forward_and_only_eager() -> None:
+    costs = PairCosts("t", "d", eager={1: 1.0, 3: 1.0}, compiled={1: 1.0, 3: 1.0}, draft_eager=0.5)
+    costs.draft_compiled, costs.heads_eager = 0.5, 0.1
+    heads = StepRecord("heads-tree-8", "", 10, 25, 30, {3: 10}, [10, 10], [9, 6])
+    host = {"plain": Overhead("plain", 0.0, 1.0, 1.0, 1.0), "eagle": Overhead("eagle", 0.0, 1.0, 1.0, 2.5)}
+    (prediction,) = predict(costs, [heads], host)
+    assert prediction.eager == pytest.approx(2.5 / (1.0 + 3 * 0.1))  # 3 heads forwards per step at 0.1 each
+    assert prediction.compiled is None  # the heads were timed eager only
+
+
 def test_verification_costs_between_measured_widths() -> None:
     eager = _curve({1: 1.0, 4: 4.0, 8: 6.0}, compiled=False)
     assert eager is not None and eager(2) == 2.0 and eager(6) == 5.0 and eager(16) == 10.0
@@ -49,7 +60,8 @@ def test_the_kept_record_holds_every_method_with_consistent_counts() -> None:
     assert {"draft-chain-8", "draft-tree-16", "lookup-10"} <= names
     for record in records:
         assert sum(record.verify_widths.values()) == record.steps and 1.0 <= record.tau <= 1 + max(record.verify_widths)
-        assert record.draft_forwards > 0 if record.method.startswith("draft") else record.draft_forwards == 0
+        drafts = record.method.startswith(("draft", "heads"))
+        assert record.draft_forwards > 0 if drafts else record.draft_forwards == 0
 
 
 def test_the_command_runs_end_to_end_on_a_cpu(tmp_path, capsys) -> None:
@@ -62,7 +74,8 @@ def test_the_command_runs_end_to_end_on_a_cpu(tmp_path, capsys) -> None:
     (pair,) = result["pairs"]
     assert sorted(int(n) for n in pair["eager"]) == sorted(EAGER_WIDTHS)
     assert sorted(int(n) for n in pair["compiled"]) == [1, 4]
-    assert pair["draft_eager"] > 0 and pair["draft_compiled"] > 0 and not pair["notes"]
+    assert pair["draft_eager"] > 0 and pair["draft_compiled"] > 0 and pair["heads_eager"] > 0 and not pair["notes"]
+    assert "| EAGLE-3 heads on qwen2.5-1.5b, 4 tokens |" in printed
     _, records = load_record()
     assert len(result["predictions"]) == len(records)
     assert all(p["eager"] > 0 for p in result["predictions"])

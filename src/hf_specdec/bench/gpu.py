@@ -8,6 +8,9 @@ On a device (typically a GPU lent for a few minutes, with no network), for each 
   `torch.compile` of the forward, at some of the bucketed widths the loop feeds it; a width between two
   measured ones is priced at the wider);
 - the draft's forward over one token, and its cost ratio to the target's;
+- EAGLE-3 heads on the target (random weights in the published shape: one layer of the target's width, a
+  32,000-token draft vocabulary): one forward over `HEADS_WIDTH` tokens after a cached context, with the
+  projection, which is what the heads' recorded forwards are priced at (eager only);
 - the host's time per step of each path and its reads per step (`overhead`, tiny models on the device).
 
 Acceptance is a property of models and prompts, not of hardware: it comes from `acceptance_record.json`
@@ -44,7 +47,11 @@ HOST_PATH = {
     "draft-tree": "tree-8",
     "lookup": "lookup",
     "draft-lookup": "assistant",
+    "heads-tree": "eagle",
+    "heads-lookup": "eagle",
 }
+HEADS_WIDTH = 4  # tokens per heads forward priced: a tree's frontier (the default EAGLE trees keep 4 or fewer)
+HEADS_VOCAB = 32_000  # the draft vocabulary of published EAGLE-3 heads
 EAGER_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 COMPILED_WIDTHS = (1, 4, 8, 16, 24)
 
@@ -59,6 +66,7 @@ class PairCosts:
     compiled: dict[int, float] = field(default_factory=dict)
     draft_eager: float | None = None
     draft_compiled: float | None = None
+    heads_eager: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -116,6 +124,49 @@ def time_forwards(
     return times
 
 
+@torch.no_grad()
+def time_heads(target: PreTrainedModel, deadline: float, prefix: int = 256, repeats: int = 5) -> float | None:
+    """Median seconds of one forward of EAGLE-3 heads on `target` (random weights, `HEADS_VOCAB` draft tokens) over
+    `HEADS_WIDTH` new tokens after a `prefix`-token cache, with the projection and the log-softmax a tree's
+    growth takes; `None` past `deadline`."""
+    from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
+
+    if time.perf_counter() > deadline:
+        return None
+    vocab = min(HEADS_VOCAB, target.config.get_text_config(decoder=True).vocab_size)
+    config = MedusaConfig(head_type="eagle3", head_vocab_size=vocab)
+    heads = MedusaForCausalLM.from_base(target, config, token_ids=torch.arange(vocab)).heads.to(target.dtype)
+    device, width = target.device, 2 * heads.fc.out_features
+    seq = CachedSequence(heads.decoder, 1, device)
+    generator = torch.Generator().manual_seed(0)
+
+    def inputs(n: int) -> torch.Tensor:
+        return torch.randn(1, n, width, generator=generator).to(device, target.dtype)
+
+    ones = torch.ones(1, prefix, dtype=torch.bool, device=device)
+    seq.forward(
+        None,
+        ones,
+        torch.arange(prefix, device=device)[None],
+        chain_structure(prefix, device),
+        inputs_embeds=inputs(prefix),
+    )
+    n = HEADS_WIDTH
+    args = (torch.ones(1, n, dtype=torch.bool, device=device), prefix + torch.arange(n, device=device)[None])
+    structure, embeds = chain_structure(n, device), inputs(n)
+    samples = []
+    for repeat in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        out = seq.forward(None, *args, structure, inputs_embeds=embeds).last_hidden_state
+        torch.log_softmax(heads.project(out, None).float(), dim=-1)
+        synchronize(device)
+        if repeat:
+            samples.append(time.perf_counter() - start)
+        seq.keep_prefix(n, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
+    return statistics.median(samples)
+
+
 def measure_pair(
     costs: PairCosts,
     device: torch.device,
@@ -129,6 +180,8 @@ def measure_pair(
     compiled = bool(compiled_widths)
     target = build_random(costs.target, device, dtype, tiny)
     times = time_forwards(target, compiled_widths or EAGER_WIDTHS, compiled=compiled, deadline=deadline)
+    if not compiled:
+        costs.heads_eager = time_heads(target, deadline)
     del target
     draft = build_random(costs.draft, device, dtype, tiny)
     draft_time = time_forwards(draft, (1,), compiled=compiled, deadline=deadline).get(1)
@@ -137,7 +190,8 @@ def measure_pair(
         costs.compiled, costs.draft_compiled = times, draft_time
     else:
         costs.eager, costs.draft_eager = times, draft_time
-    if len(times) < len(compiled_widths or EAGER_WIDTHS) or draft_time is None:
+    unmeasured = draft_time is None or (not compiled and costs.heads_eager is None)
+    if len(times) < len(compiled_widths or EAGER_WIDTHS) or unmeasured:
         costs.notes.append("the deadline stopped some measurements: blank cells were not measured")
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -168,8 +222,8 @@ def _family(method: str) -> str:
 def predict(
     costs: PairCosts, records: list[StepRecord], overhead: dict[str, Overhead], max_gamma: int = 8
 ) -> list[Prediction]:
-    """Each recorded method's predicted speedup on this pair, eager and compiled; a draft-model chain at the
-    draft length that predicts best (from 1 to `max_gamma`)."""
+    """Each recorded method's predicted speedup on this pair, eager and compiled (heads: eager only); a
+    draft-model chain at the draft length that predicts best (from 1 to `max_gamma`)."""
     plain = overhead["plain"]
     plain_host = plain.host_ms_per_token * plain.tokens_per_step / 1e3
     out = []
@@ -180,9 +234,10 @@ def predict(
         if record.method.startswith("draft-chain"):
             candidates = [record.truncated(g) for g in range(1, max_gamma + 1)]
         speedups: dict[str, tuple[float | None, StepRecord | None]] = {}
+        heads = record.method.startswith("heads")
         for mode, times, draft in (
-            ("eager", costs.eager, costs.draft_eager),
-            ("compiled", costs.compiled, costs.draft_compiled),
+            ("eager", costs.eager, costs.heads_eager if heads else costs.draft_eager),
+            ("compiled", costs.compiled, None if heads else costs.draft_compiled),
         ):
             curve = _curve(times, mode == "compiled")
             best: tuple[float | None, StepRecord | None] = (None, None)
@@ -222,7 +277,7 @@ def run_device_check(
     deadline = start + budget_seconds
     setting, records = load_record()
     overhead_rows = measure_overhead(
-        ["assistant-constant", "assistant", "lookup", "tree-8"], new_tokens=64, repeats=3, device=torch_device
+        ["assistant-constant", "assistant", "lookup", "tree-8", "eagle"], new_tokens=64, repeats=3, device=torch_device
     )
     overhead = {row.path: row for row in overhead_rows}
     chosen = pairs or PAIRS
@@ -289,6 +344,10 @@ def format_device_check(result: dict[str, Any]) -> str:
             f"| {pair['draft']} | {_ms(pair['draft_eager'])} | {_ms(pair['draft_compiled'])} | {ratios[0]} | "
             f"{ratios[1]} |"
         )
+    for pair in result["pairs"]:
+        heads = pair.get("heads_eager")
+        ratio = _x(heads / pair["eager"][1]).rstrip("x") if heads is not None and 1 in pair["eager"] else ""
+        lines.append(f"| EAGLE-3 heads on {pair['target']}, {HEADS_WIDTH} tokens | {_ms(heads)} | | {ratio} | |")
     lines += ["", "Host (tiny models on this device):", "", "| path | host ms per token | reads per step |"]
     lines.append("|---|---|---|")
     for row in result["overhead"]:
