@@ -246,7 +246,7 @@ def test_bench_heads_given_names(heads: Path, capsys, sandbox) -> None:
     argv = ["bench", "--draft", "none", "--medusa", f"eagle3={heads}", "--medusa", str(heads)]
     assert run_cli([*argv, "--methods", "plain,eagle3-8,eagle3-dyn4-lookup,medusa-5"], capsys)[0] == 0
     (args,) = sandbox["bench"].calls[-1]
-    assert [(m.name, m.heads) for m in args.methods] == [
+    assert [(m.name, m.heads) for m in args.resolved_methods] == [
         ("plain", None),
         ("eagle3-8", "eagle3"),
         ("eagle3-dyn4-lookup", "eagle3"),
@@ -259,6 +259,17 @@ def test_bench_heads_given_names(heads: Path, capsys, sandbox) -> None:
     assert_refused(two, capsys, "2 heads without a name")
     assert_refused(["bench", "--medusa", f"a={heads}", "--medusa", f"a={heads}"], capsys, "names two heads alike")
     assert_refused(["bench", "--medusa", f"a={heads}/missing"], capsys, "--medusa", "does not exist")
+    assert_refused([*argv, "--methods", "plain,specdec,specdec"], capsys, "specdec listed twice")
+    odd = heads.parent / "run=2"  # a folder whose name holds "=" is a folder, not NAME=PATH
+    heads.rename(odd)
+    assert run_cli(["bench", "--draft", "none", "--medusa", str(odd), "--methods", "plain,medusa-4"], capsys)[0] == 0
+
+
+def test_bench_heads_with_adapters_run_alone(medusa2_heads: Path, tmp_path: Path, capsys) -> None:
+    other = tmp_path / "other"
+    MedusaConfig(num_heads=2, base_model_name_or_path=str(tmp_path / "base")).save_pretrained(other)
+    argv = ["bench", "--medusa", f"a={medusa2_heads}", "--medusa", f"b={other}"]
+    assert_refused(argv, capsys, "merge them into the target", "benchmark them alone")
 
 
 # Optional dependencies: refused at once, with the extra --------------------------------------------------------

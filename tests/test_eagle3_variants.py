@@ -18,7 +18,15 @@ from hf_specdec.serving import export_heads
 from hf_specdec.serving.eagle_layouts import UNUSED_EMBEDDING
 from hf_specdec.training.pipeline import MedusaTrainingConfig
 from tests.eagle_reference import eagle3_fuse, eagle3_layer, rms
-from tests.published_drafts import draft_vocabulary, layer_config, write_eagle3, write_speculators
+from tests.published_drafts import (
+    draft_vocabulary,
+    eagle1_weights,
+    eagle3_weights,
+    layer_config,
+    write_eagle1,
+    write_eagle3,
+    write_speculators,
+)
 from tests.tiny_models import ragged_batch, tiny_model
 
 FREE = SpeculativeCosts(0.0, 0.0)
@@ -134,21 +142,19 @@ def test_variants_export_back_as_vllm_reads_them(tmp_path, layout: str) -> None:
 
 def test_drafts_the_library_would_compute_otherwise_are_refused(tmp_path) -> None:
     base = _base()
-    cases = {
-        "q_norm": ("LlamaForCausalLMEagle3", {}, True, "has no q_norm/k_norm"),
-        "input_norm": ("LlamaForCausalLMEagle3", {}, False, "input_norm needs norm_before_fc"),
-        "deepseek": ("Eagle3DeepseekV2ForCausalLM", {}, False, "of architecture Eagle3DeepseekV2ForCausalLM"),
-    }
-    for name, (architecture, options, qwen3_weights, message) in cases.items():
-        folder = tmp_path / name
-        weights = None
-        if name in ("q_norm", "input_norm"):
-            from tests.published_drafts import eagle3_weights
-
-            weights = eagle3_weights(draft_vocabulary(40), qwen3=qwen3_weights, norm_before_fc=name == "input_norm")
-        write_eagle3(folder, draft_vocabulary(40), LAYERS, weights=weights, architecture=architecture, **options)
-        with pytest.raises(ValueError, match=message):
-            MedusaForCausalLM.from_pretrained(folder, base_model=base)
+    write_eagle3(
+        tmp_path / "q_norm", draft_vocabulary(40), LAYERS, weights=eagle3_weights(draft_vocabulary(40), qwen3=True)
+    )
+    with pytest.raises(ValueError, match="has no q_norm/k_norm"):
+        MedusaForCausalLM.from_pretrained(tmp_path / "q_norm", base_model=base)
+    write_eagle3(tmp_path / "deepseek", draft_vocabulary(40), LAYERS, architecture="Eagle3DeepseekV2ForCausalLM")
+    with pytest.raises(ValueError, match="of architecture Eagle3DeepseekV2ForCausalLM"):
+        MedusaForCausalLM.from_pretrained(tmp_path / "deepseek", base_model=base)
+    write_eagle1(tmp_path / "qwen2-eagle1", eagle1_weights(bias=False), pickled=False)
+    config = json.loads((tmp_path / "qwen2-eagle1" / "config.json").read_text())
+    (tmp_path / "qwen2-eagle1" / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+    with pytest.raises(ValueError, match="EAGLE-1 draft's layers are 'qwen2' layers"):
+        MedusaForCausalLM.from_pretrained(tmp_path / "qwen2-eagle1", base_model=base)
     folder = tmp_path / "no_fusion"
     write_eagle3(folder, draft_vocabulary(40), LAYERS)
     config = json.loads((folder / "config.json").read_text())
@@ -156,10 +162,45 @@ def test_drafts_the_library_would_compute_otherwise_are_refused(tmp_path) -> Non
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="use_aux_hidden_state"):
         MedusaForCausalLM.from_pretrained(folder, base_model=base)
-    folder = tmp_path / "sliding"
-    write_eagle3(folder, draft_vocabulary(40), LAYERS, architecture=QWEN3, layer_types=["sliding_attention"])
-    with pytest.raises(ValueError, match="sliding window"):
-        MedusaForCausalLM.from_pretrained(folder, base_model=base)
+    for name, window in {
+        "listed": {"layer_types": ["sliding_attention"]},
+        "from_the_first_layer": {"use_sliding_window": True, "max_window_layers": 0, "sliding_window": 8},
+    }.items():
+        write_eagle3(tmp_path / name, draft_vocabulary(40), LAYERS, architecture=QWEN3, **window)
+        with pytest.raises(ValueError, match="sliding window"):
+            MedusaForCausalLM.from_pretrained(tmp_path / name, base_model=base)
+
+
+def test_an_input_norm_the_config_does_not_use_is_not_read_as_in_vllm(tmp_path) -> None:
+    weights = eagle3_weights(draft_vocabulary(40), norm_before_fc=True)
+    write_eagle3(tmp_path, draft_vocabulary(40), LAYERS, weights=weights)  # no norm_before_fc in the config
+    model = MedusaForCausalLM.from_pretrained(tmp_path, base_model=_base())
+    assert model.heads.input_norm is None and not model.config.norm_before_fc
+
+
+def test_heads_fusing_layers_out_of_order_export_their_norms_in_vllms_order(tmp_path) -> None:
+    base = _base()
+    options = {"norm_before_fc": True, "fc_norm": True, "norm_output": True}
+    config = MedusaConfig(head_type="eagle3", num_heads=3, feature_layers=[4, 1, 3], **options)
+    model = MedusaForCausalLM.from_base(base, config).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.heads.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    export_heads(model, tmp_path, "vllm")
+    loaded = MedusaForCausalLM.from_pretrained(tmp_path, base_model=base)
+    assert loaded.heads.feature_layers == (1, 3, 4)
+    tokens = torch.randint(4, base.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        states = base(tokens, output_hidden_states=True).hidden_states
+        ours = model.heads.from_target(torch.cat([states[i] for i in (4, 1, 3)], dim=-1))
+        theirs = loaded.heads.from_target(torch.cat([states[i] for i in (1, 3, 4)], dim=-1))
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+    repeated = MedusaForCausalLM.from_base(
+        base, MedusaConfig(head_type="eagle3", feature_layers=[1, 3, 3], fc_norm=True)
+    )
+    with pytest.raises(ValueError, match="one of them twice"):
+        export_heads(repeated, tmp_path / "repeated", "vllm")
 
 
 def test_heads_of_a_qwen3_layer_train_save_and_load(tmp_path) -> None:

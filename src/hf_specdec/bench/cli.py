@@ -111,7 +111,7 @@ def _patterns_help() -> str:
 def _heads_option(text: str) -> tuple[str | None, str]:
     """`--medusa`: `PATH` (heads without a name: `(None, PATH)`) or `NAME=PATH`."""
     name, equals, source = text.partition("=")
-    if not equals or "/" in name or not name:
+    if not equals or "/" in name or not name or Path(text).is_dir():  # a folder's name may hold "="
         return None, heads_source(text)
     try:
         return heads_name(name), heads_source(source)
@@ -136,8 +136,8 @@ def _method_names(text: str) -> list[str]:
     """`--methods`: the names, checked for what needs no other option (methods of named heads are resolved once
     `--medusa` is read: `methods`)."""
     names = text.split(",")
-    if len(set(names)) < len(names):
-        raise argparse.ArgumentTypeError(f"a method is listed twice in {text!r}")
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} listed twice in {text!r}")
     if names[0] != "plain":
         raise argparse.ArgumentTypeError(f"start with plain (the others are measured against it), got {text!r}")
     for name in names:
@@ -195,12 +195,12 @@ def check_bench_args(args: argparse.Namespace) -> None:
     names = [name for name, _ in args.medusa if name is not None]
     if len(set(names)) < len(names):
         raise ValueError(f"--medusa names two heads alike ({', '.join(names)}): give each its own name")
-    args.methods = methods(args)
+    args.resolved_methods = methods(args)
     for _, source in args.medusa:
-        _check_heads(source)
+        _check_heads(source, several=len(args.medusa) > 1)
 
 
-def _check_heads(heads: str) -> None:
+def _check_heads(heads: str, several: bool = False) -> None:
     from hf_specdec.medusa.model import ADAPTER_FOLDER
     from hf_specdec.serving.cli import heads_config
 
@@ -208,6 +208,11 @@ def _check_heads(heads: str) -> None:
     if folder.is_dir():
         heads_config(folder, "--medusa")
         if (folder / ADAPTER_FOLDER).is_dir():
+            if several:
+                raise ValueError(
+                    f"--medusa {heads}: heads trained with LoRA adapters merge them into the target, which the other "
+                    "heads and methods would then run on: benchmark them alone (one --medusa)."
+                )
             require("train", "peft", purpose=f"--medusa {heads} (heads trained with LoRA adapters on the base)")
 
 
@@ -229,7 +234,7 @@ def run_bench(args: argparse.Namespace) -> int:
         for name, path in named_heads(args).items():
             heads[name] = MedusaForCausalLM.from_pretrained(path, base_model=target)
     draft_vocab = None
-    if any(method.needs_draft_vocab for method in args.methods):
+    if any(method.needs_draft_vocab for method in args.resolved_methods):
         from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
 
         draft_vocab = sharegpt_draft_vocabulary(tokenizer, args.draft_vocab_size)
@@ -237,7 +242,7 @@ def run_bench(args: argparse.Namespace) -> int:
         target,
         tokenizer,
         prompts,
-        args.methods,
+        args.resolved_methods,
         draft=draft,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,

@@ -145,7 +145,7 @@ def heads_name(text: str) -> str:
     Raises:
         `ValueError`: for any other name.
     """
-    taken = sorted({name.split("-")[0] for name in [*METHODS, *PATTERNS]})
+    taken = _first_words()
     if not _HEADS_NAME.fullmatch(text):
         raise ValueError(f"heads name {text!r}: use lower-case letters, digits and _, starting with a letter")
     if text in taken:
@@ -153,10 +153,16 @@ def heads_name(text: str) -> str:
     return text
 
 
+def _first_words() -> list[str]:
+    """The first words of the methods' names (`medusa`, `specdec`, ...), which no heads may be named."""
+    return sorted({name.split("-")[0] for name in [*METHODS, *PATTERNS]})
+
+
 def names_heads(name: str) -> bool:
-    """Whether `name` is a method of heads given a name (`eagle3-8`, not `medusa-8`), whatever the name."""
+    """Whether `name` is a method of heads given a name (`eagle3-8`, not `medusa-8` nor `specdec-8`), whatever the
+    name."""
     match = _MEDUSA_TREE.fullmatch(name)
-    return match is not None and match.group(1) != "medusa"
+    return match is not None and match.group(1) not in _first_words()
 
 
 def method_by_name(name: str, heads: Collection[str] = ()) -> Method:
@@ -182,7 +188,13 @@ def method_by_name(name: str, heads: Collection[str] = ()) -> Method:
         kwargs = {"assistant": "{draft}", "tree": spec} | ({"assistant_vocab": "{draft_vocab}"} if vocab else {})
         return Method(name, "specdec", kwargs)
     match = _MEDUSA_TREE.fullmatch(name)
-    if match is None or (match.group(1) != "medusa" and match.group(1) not in heads):
+    if names_heads(name) and match is not None and match.group(1) not in heads:
+        named = f" (heads named: {', '.join(heads)})" if heads else ""
+        raise ValueError(
+            f"Unknown method {name!r}: no heads are named {match.group(1)}{named}; name heads with "
+            f"--medusa {match.group(1)}=PATH, or use medusa-... for the heads given without a name."
+        )
+    if match is None or match.group(1) not in ("medusa", *heads):
         named = f" (heads named: {', '.join(heads)})" if heads else ""
         raise ValueError(
             f"Unknown method {name!r}; choose from {', '.join(sorted(METHODS))}, or a pattern: "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from hf_specdec.medusa.config import MedusaConfig
+from hf_specdec.medusa.config import EAGLE3_VARIANTS, MedusaConfig
 
 LIBRARY_NAME = "hf_specdec"
 TAGS = ["speculative-decoding"]
@@ -64,9 +64,12 @@ def head_structure(config: MedusaConfig) -> list[str]:
     else:
         layers = config.feature_layers or ["2", "L // 2", "L - 3"]
         fused = ", ".join(map(str, layers[:-1])) + f" and {layers[-1]}" if len(layers) > 1 else str(layers[0])
+        style = "Qwen3" if (config.layer_config or {}).get("model_type") == "qwen3" else "Llama-style"
+        variants = [name for name in EAGLE3_VARIANTS if getattr(config, name)]
         kind = (
-            f"an EAGLE-3 head: one Llama-style layer ({mlp}) over the fusion of the base's hidden states {fused} "
+            f"an EAGLE-3 head: one {style} layer ({mlp}) over the fusion of the base's hidden states {fused} "
             f"(indices of `output_hidden_states`), with its own final norm; drafts {config.num_heads} deep by default"
+            + (f"; vLLM's variant options {', '.join(variants)}" if variants else "")
         )
     if config.head_type == "eagle3":
         projection = "its own lm_head"

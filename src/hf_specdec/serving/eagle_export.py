@@ -129,12 +129,20 @@ def _eagle3(
     assert config.vocab_size is not None and config.hidden_size is not None
     draft_vocab = config.head_vocab_size or config.vocab_size
     layers = list(model.heads.feature_layers)
-    if (config.norm_before_fc or config.fc_norm) and layers != sorted(set(layers)):
+    if (config.norm_before_fc or config.fc_norm) and len(set(layers)) < len(layers):
         raise ValueError(
-            f"These heads fuse the base's states {layers}, which vLLM takes once each and in increasing order; with "
-            "norm_before_fc or fc_norm, the norms see the states as the heads take them, so no regrouping of fc "
-            "computes the same: give the heads increasing, distinct feature_layers."
+            f"These heads fuse the base's states {layers}, one of them twice, which vLLM takes once each; with "
+            "norm_before_fc or fc_norm, the norms see the repeated state twice, so no fc over the states taken once "
+            "computes the same: give the heads distinct feature_layers."
         )
+    # vLLM concatenates the states in increasing order: the norms' blocks move with fc's (`vllm_fusion`).
+    order = sorted(range(len(layers)), key=layers.__getitem__)
+    if config.norm_before_fc:
+        blocks = state["input_norm.weight"].chunk(len(layers))
+        state["input_norm.weight"] = torch.cat([blocks[i] for i in order])
+    if config.fc_norm:
+        norms = [state.pop(f"fc_norm.{i}.weight") for i in range(len(layers))]
+        state |= {f"fc_norm.{j}.weight": norms[i] for j, i in enumerate(order)}
     ids, state["fc.weight"] = vllm_fusion(layers, state["fc.weight"])
     target = None if config.hidden_size == fields["hidden_size"] else config.hidden_size
     prefix = LAYER_PREFIXES["speculators" if layout == "speculators" else "eagle3"]

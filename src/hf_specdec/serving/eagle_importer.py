@@ -150,21 +150,26 @@ def _eagle3(
         if key not in state:
             name = key.replace("decoder.layers.0.", prefix)
             raise ValueError(f"the EAGLE-3 draft has no {name!r} (found {sorted(raw)[:8]} ...).")
+    if "input_norm.weight" in state and not norm_before_fc:  # vLLM drops it too
+        logger.info("%s: input_norm.weight is not read (the config does not set norm_before_fc), as in vLLM.", source)
+        del state["input_norm.weight"]
     unread = [key for key in state if key.endswith(("q_norm.weight", "k_norm.weight")) and kind != "qwen3"]
-    unread += ["input_norm.weight"] if "input_norm.weight" in state and not norm_before_fc else []
     unread += [key for key in state if key.startswith("fc_norm.") and not meta.get("fc_norm")]
     if unread:
         raise ValueError(
-            f"the draft holds {unread[0]!r}, which its config does not use (vLLM would not read it): a Llama layer "
-            "has no q_norm/k_norm (Eagle3Qwen3ForCausalLM's has), input_norm needs norm_before_fc and fc_norm.* "
-            "needs fc_norm in the config."
+            f"the draft holds {unread[0]!r}, which its config does not use: a Llama layer has no q_norm/k_norm "
+            "(Eagle3Qwen3ForCausalLM's has), and fc_norm.* needs fc_norm in the config."
         )
-    layer_config = layer_config_from_published(layer_meta, kind)
+    layer_config = layer_config_from_published(layer_meta, kind, speculators=layout == "speculators")
     hidden = layer_config["hidden_size"]
     listed = meta.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
     ids = sorted({int(i) for i in listed}) if listed else None  # vLLM fuses sorted(set(ids))
     fused = state["fc.weight"].shape[1]
-    count = len(ids) if ids else 3
+    # How many states vLLM sizes fc by: num_aux_layers (Qwen3 drafts) or num_aux_hidden_states, else the ids as
+    # written, else 3.
+    fields = {**layer_meta, **meta}
+    names = ("num_aux_layers", "num_aux_hidden_states") if kind == "qwen3" else ("num_aux_hidden_states",)
+    count = next((fields[n] for n in names if isinstance(fields.get(n), int)), len(listed) if listed else 3)
     target = meta.get("target_hidden_size") or fused // count
     norms = sorted(key for key in state if key.startswith("fc_norm."))
     if meta.get("fc_norm") and norms != sorted(f"fc_norm.{i}.weight" for i in range(count)):
@@ -203,6 +208,12 @@ def _eagle3(
 
 
 def _eagle1(raw: dict[str, torch.Tensor], meta: dict[str, Any], source: str) -> ImportedEagle:
+    kind = meta.get("model_type", "llama")
+    if kind != "llama":
+        raise ValueError(
+            f"the EAGLE-1 draft's layers are {kind!r} layers; this library loads EAGLE-1 drafts made of Llama layers "
+            "(as released and as vLLM's method='eagle' serves them)."
+        )
     state, embeddings, lm_head, num_layers = eagle1_from_published(raw, source)
     layer_config = layer_config_from_published(meta)
     hidden = layer_config["hidden_size"]

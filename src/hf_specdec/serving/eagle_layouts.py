@@ -62,6 +62,9 @@ UNUSED_EMBEDDING = "decoder.embed_tokens.weight"
 # EAGLE-3's weights outside its layer, named alike here and in the releases (`fc_norm.i.weight` too).
 _EAGLE3_OWN = ("fc.weight", "norm.weight", "lm_head.weight", "input_norm.weight")
 
+# The fields of a Qwen3 layer's config that make its one layer attend through a sliding window.
+_WINDOW_FIELDS = ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers")
+
 # The fields of a published layer config that describe the layer (the rest is about a vocabulary it does not
 # have, or about training).
 _LAYER_FIELDS = (
@@ -81,7 +84,7 @@ _LAYER_FIELDS = (
 )
 
 
-def layer_config_from_published(meta: dict[str, Any], kind: str = "llama") -> dict[str, Any]:
+def layer_config_from_published(meta: dict[str, Any], kind: str = "llama", speculators: bool = False) -> dict[str, Any]:
     """`MedusaConfig.layer_config` for a published draft's layer config (`config.json`, or speculators'
     `transformer_layer_config`): its layer's fields, with no vocabulary (the draft is fed vectors). `kind`: the
     layer the engine builds for the draft, `"llama"` or `"qwen3"` (per-head query and key norms).
@@ -96,8 +99,14 @@ def layer_config_from_published(meta: dict[str, Any], kind: str = "llama") -> di
         raise ValueError("the draft's config gives no hidden_size.")
     names = [name for name in _LAYER_FIELDS if kind == "llama" or name != "mlp_bias"]  # Qwen3's MLP has no bias
     fields = {name: meta[name] for name in names if meta.get(name) is not None}
-    if (meta.get("layer_types") or [])[:1] == ["sliding_attention"]:  # vLLM's qwen3 draft layer reads it
-        raise ValueError("the draft's layer attends through a sliding window, which EAGLE-3 heads here do not.")
+    if kind == "qwen3":
+        if speculators and "head_dim" not in fields:  # vLLM builds a plain config there: no Qwen3 default of 128
+            fields["head_dim"] = fields["hidden_size"] // fields.get("num_attention_heads", 32)
+        window = {name: meta[name] for name in _WINDOW_FIELDS if meta.get(name) is not None}
+        if "layer_types" in window:  # the draft's one layer (a config copied from its target lists them all)
+            window["layer_types"] = window["layer_types"][:1]
+        if Qwen3Config(**window, num_hidden_layers=1).layer_types[0] == "sliding_attention":  # vLLM's reads it
+            raise ValueError("the draft's layer attends through a sliding window, which EAGLE-3 heads here do not.")
     config = (Qwen3Config if kind == "qwen3" else LlamaConfig)(
         **fields,
         num_hidden_layers=1,
