@@ -47,6 +47,7 @@ def test_heads_given_names_run_side_by_side_in_one_run() -> None:
     for name in names[1:4]:
         assert summary[name]["identical_to_plain"] == "2/2", (name, summary[name])
     assert result.skipped["ghost-3"] == "needs the heads named ghost (--medusa ghost=PATH)"
+    assert result.settings["arguments"]["rec-3"] == "medusa=True, tree=3 (heads rec)"
     # each method decoded with its own heads: recurrent heads and Medusa heads propose differently
     drafted = {name: [s.drafted_at_position for s in result.samples if s.method == name] for name in names[1:4]}
     assert drafted["rec-3"] != drafted["med-3-lookup"]

@@ -19,7 +19,8 @@ _PLACEHOLDERS = {"{draft}": "draft", "{draft_int8}": "int8 draft", "{draft_vocab
 
 
 def call_text(method: Method) -> str:
-    """`method`'s `generate()` arguments as a reader would write them (`assistant=draft, tree=16`; none: `""`)."""
+    """`method`'s `generate()` arguments as a reader would write them (`assistant=draft, tree=16`; none: `""`), and
+    which heads decode when they have a name (`medusa=True, tree=8 (heads eagle3)`)."""
     parts = []
     for key, value in method.kwargs.items():
         if isinstance(value, str):
@@ -29,7 +30,8 @@ def call_text(method: Method) -> str:
         else:
             shown = repr(value)
         parts.append(f"{key}={shown}")
-    return ", ".join(parts)
+    call = ", ".join(parts)
+    return call if method.heads is None else f"{call} (heads {method.heads})"
 
 
 def machine(device: str) -> str:
