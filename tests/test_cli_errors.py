@@ -358,7 +358,7 @@ def test_good_input_reaches_the_work(tmp_path: Path, capsys, sandbox) -> None:
     assert run_cli(["bench", "--draft", "none", "--methods", "plain,lookup", "--n", "3"], capsys)[0] == 0
     (args,) = sandbox["bench"].calls[0]
     assert (
-        [m.name for m in args.methods] == ["plain", "lookup"]
+        [m.name for m in args.resolved_methods] == ["plain", "lookup"]
         and args.draft is None
         and args.out == Path("bench_results")
     )

@@ -95,7 +95,7 @@ def _replace_heavy_work(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
         return True
 
     def run_bench(args) -> int:
-        assert not Path(args.out).is_file() and args.n >= 1 and args.methods[0].name == "plain"
+        assert not Path(args.out).is_file() and args.n >= 1 and args.resolved_methods[0].name == "plain"
         world.calls.append("bench")
         return 0
 
