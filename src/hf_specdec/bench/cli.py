@@ -136,7 +136,7 @@ def _method_names(text: str) -> list[str]:
     """`--methods`: the names, checked for what needs no other option (methods of named heads are resolved once
     `--medusa` is read: `methods`)."""
     names = text.split(",")
-    if twice := sorted({name for name in names if names.count(name) > 1}):
+    if twice := _repeated(names):
         raise argparse.ArgumentTypeError(f"{', '.join(twice)} listed twice in {text!r}")
     if names[0] != "plain":
         raise argparse.ArgumentTypeError(f"start with plain (the others are measured against it), got {text!r}")
@@ -147,6 +147,11 @@ def _method_names(text: str) -> list[str]:
             if not names_heads(name):
                 raise argparse.ArgumentTypeError(str(error)) from None
     return names
+
+
+def _repeated(names: list[str]) -> list[str]:
+    """The names listed more than once, sorted."""
+    return sorted({name for name in names if names.count(name) > 1})
 
 
 def methods(args: argparse.Namespace) -> list[Method]:
@@ -193,7 +198,7 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if len(unnamed) > 1:
         raise ValueError(f"--medusa gives {len(unnamed)} heads without a name: name them (--medusa NAME=PATH)")
     names = [name for name, _ in args.medusa if name is not None]
-    if len(set(names)) < len(names):
+    if _repeated(names):
         raise ValueError(f"--medusa names two heads alike ({', '.join(names)}): give each its own name")
     args.resolved_methods = methods(args)
     for _, source in args.medusa:

@@ -22,6 +22,7 @@ the few minutes a GPU may be lent for; what was not measured is said so in the t
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -111,17 +112,25 @@ def time_forwards(
         nodes = torch.randint(0, vocab, (1, n), generator=generator).to(device)
         args = (nodes, torch.ones_like(nodes, dtype=torch.bool), prefix + torch.arange(n, device=device)[None])
         structure = chain_structure(n, device)
-        samples = []
-        for repeat in range(repeats + 1):
-            synchronize(device)
-            start = time.perf_counter()
-            seq.forward(*args, structure)
-            synchronize(device)
-            if repeat:  # the first: warm-up (and compilation)
-                samples.append(time.perf_counter() - start)
-            seq.keep_prefix(n, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
-        times[n] = statistics.median(samples)
+        times[n] = _median_seconds(functools.partial(seq.forward, *args, structure), seq, n, repeats, device)
     return times
+
+
+def _median_seconds(
+    step: Callable[[], object], seq: CachedSequence, width: int, repeats: int, device: torch.device
+) -> float:
+    """Median seconds of `step` (which appends `width` entries to `seq`'s cache, dropped after each call) over
+    `repeats` calls, after one untimed call (warm-up, and compilation)."""
+    samples = []
+    for repeat in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        if repeat:
+            samples.append(time.perf_counter() - start)
+        seq.keep_prefix(width, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
+    return statistics.median(samples)
 
 
 @torch.no_grad()
@@ -154,17 +163,12 @@ def time_heads(target: PreTrainedModel, deadline: float, prefix: int = 256, repe
     n = HEADS_WIDTH
     args = (torch.ones(1, n, dtype=torch.bool, device=device), prefix + torch.arange(n, device=device)[None])
     structure, embeds = chain_structure(n, device), inputs(n)
-    samples = []
-    for repeat in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
+
+    def step() -> torch.Tensor:
         out = seq.forward(None, *args, structure, inputs_embeds=embeds).last_hidden_state
-        torch.log_softmax(heads.project(out, None).float(), dim=-1)
-        synchronize(device)
-        if repeat:
-            samples.append(time.perf_counter() - start)
-        seq.keep_prefix(n, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
-    return statistics.median(samples)
+        return torch.log_softmax(heads.project(out, None).float(), dim=-1)
+
+    return _median_seconds(step, seq, n, repeats, device)
 
 
 def measure_pair(

@@ -188,14 +188,13 @@ def method_by_name(name: str, heads: Collection[str] = ()) -> Method:
         kwargs = {"assistant": "{draft}", "tree": spec} | ({"assistant_vocab": "{draft_vocab}"} if vocab else {})
         return Method(name, "specdec", kwargs)
     match = _MEDUSA_TREE.fullmatch(name)
-    if names_heads(name) and match is not None and match.group(1) not in heads:
-        named = f" (heads named: {', '.join(heads)})" if heads else ""
+    named = f" (heads named: {', '.join(heads)})" if heads else ""
+    if match is not None and names_heads(name) and match.group(1) not in heads:
         raise ValueError(
             f"Unknown method {name!r}: no heads are named {match.group(1)}{named}; name heads with "
             f"--medusa {match.group(1)}=PATH, or use medusa-... for the heads given without a name."
         )
     if match is None or match.group(1) not in ("medusa", *heads):
-        named = f" (heads named: {', '.join(heads)})" if heads else ""
         raise ValueError(
             f"Unknown method {name!r}; choose from {', '.join(sorted(METHODS))}, or a pattern: "
             f"{', '.join(PATTERNS)} (N, D, K: whole numbers >= 1){named}."

@@ -70,25 +70,34 @@ def eagle3_layer_config(
         ),
         4 * hidden,
     )
-    config = (Qwen3Config if layer_type == "qwen3" else LlamaConfig)(
+    config = one_layer_config(
+        layer_type,
         hidden_size=hidden,
         intermediate_size=width,
-        num_hidden_layers=1,
         num_attention_heads=heads,
         num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or hidden // heads,
         rms_norm_eps=getattr(text, "rms_norm_eps", None) or 1e-6,
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 4096,
         rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
+    )
+    # The base's own attention where it is eager, else SDPA: both take the 4D masks trees need.
+    config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
+    return config
+
+
+def one_layer_config(layer_type: str, **fields: Any) -> LayerConfig:
+    """A one-layer config of `layer_type` (`"qwen3"`: a `Qwen3Config`, else a `LlamaConfig`) with `fields` and no
+    vocabulary of its own: an EAGLE layer is fed vectors."""
+    return (Qwen3Config if layer_type == "qwen3" else LlamaConfig)(
+        **fields,
+        num_hidden_layers=1,
         vocab_size=1,
         pad_token_id=None,
         bos_token_id=None,
         eos_token_id=None,
         tie_word_embeddings=False,
     )
-    # The base's own attention where it is eager, else SDPA: both take the 4D masks trees need.
-    config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
-    return config
 
 
 def layer_config_to_dict(config: LayerConfig) -> dict[str, Any]:
@@ -124,10 +133,10 @@ def as_llama(config: LayerConfig) -> LlamaConfig:
     a `LlamaConfig` as it is."""
     if isinstance(config, LlamaConfig):
         return config
-    llama = LlamaConfig(
+    llama = one_layer_config(
+        "llama",
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
-        num_hidden_layers=1,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
@@ -136,12 +145,8 @@ def as_llama(config: LayerConfig) -> LlamaConfig:
         max_position_embeddings=config.max_position_embeddings,
         rope_parameters=config.rope_parameters,
         attention_bias=config.attention_bias,
-        vocab_size=1,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
     )
+    assert isinstance(llama, LlamaConfig)
     llama._attn_implementation = config._attn_implementation
     return llama
 

@@ -35,10 +35,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, Qwen3Config
+from transformers import Qwen3Config
 
 from hf_specdec.medusa.config import EAGLE3_LAYER_TYPES
-from hf_specdec.medusa.eagle3 import layer_config_from_dict, layer_config_to_dict
+from hf_specdec.medusa.eagle3 import layer_config_from_dict, layer_config_to_dict, one_layer_config
 
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE3_QWEN3_ARCHITECTURE = "Eagle3Qwen3ForCausalLM"
@@ -107,16 +107,7 @@ def layer_config_from_published(meta: dict[str, Any], kind: str = "llama", specu
             window["layer_types"] = window["layer_types"][:1]
         if Qwen3Config(**window, num_hidden_layers=1).layer_types[0] == "sliding_attention":  # vLLM's reads it
             raise ValueError("the draft's layer attends through a sliding window, which EAGLE-3 heads here do not.")
-    config = (Qwen3Config if kind == "qwen3" else LlamaConfig)(
-        **fields,
-        num_hidden_layers=1,
-        vocab_size=1,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    return layer_config_to_dict(config)
+    return layer_config_to_dict(one_layer_config(kind, **fields))
 
 
 def published_layer_fields(layer_config: dict[str, Any]) -> dict[str, Any]:
