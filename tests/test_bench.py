@@ -32,7 +32,7 @@ PROMPTS = [
 
 
 def test_heads_given_names_run_side_by_side_in_one_run() -> None:
-    from hf_specdec import MedusaConfig, MedusaForCausalLM
+    from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
 
     target = tiny_target("llama")
     heads = {
@@ -42,15 +42,24 @@ def test_heads_given_names_run_side_by_side_in_one_run() -> None:
     names = ["plain", "rec-3", "med-3-lookup", "med-dyn4", "ghost-3"]
     methods = [method_by_name(name, heads=[*heads, "ghost"]) for name in names]
     assert [m.heads for m in methods] == [None, "rec", "med", "med", "ghost"]
+    calls: dict[str, list[object]] = {name: [] for name in heads}  # which heads' generate() each call reached
+    for name, model in heads.items():
+        original = model.generate
+
+        def generate(*args, _name=name, _original=original, **kwargs):
+            calls[_name].append(kwargs["tree"])
+            return _original(*args, **kwargs)
+
+        model.generate = generate
     result = run_benchmark(target, _tokenizer(), PROMPTS[:2], methods, draft=None, max_new_tokens=10, heads=heads)
     summary = result.summary()
     for name in names[1:4]:
         assert summary[name]["identical_to_plain"] == "2/2", (name, summary[name])
     assert result.skipped["ghost-3"] == "needs the heads named ghost (--medusa ghost=PATH)"
     assert result.settings["arguments"]["rec-3"] == "medusa=True, tree=3 (heads rec)"
-    # each method decoded with its own heads: recurrent heads and Medusa heads propose differently
-    drafted = {name: [s.drafted_at_position for s in result.samples if s.method == name] for name in names[1:4]}
-    assert drafted["rec-3"] != drafted["med-3-lookup"]
+    # each method decoded with its own heads: a warm-up and two prompts each
+    assert calls["rec"] == [3] * 3
+    assert sorted(map(str, calls["med"])) == sorted(["3"] * 3 + [str(DynamicTree(num_nodes=4))] * 3)
     with pytest.raises(ValueError, match="heads named: rec"):
         method_by_name("other-3", heads=["rec"])
 
