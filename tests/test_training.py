@@ -18,6 +18,7 @@ from hf_specdec import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training import (
     MedusaCollator,
+    MedusaTrainingConfig,
     MedusaTrainer,
     cache_hidden_states,
     load_records,
@@ -148,6 +149,36 @@ def test_soft_targets_teach_the_bases_own_choices(tmp_path: Path, data, head_typ
     assert last["eval_head0_top1"] > first["eval_head0_top1"] + 0.5
 
 
+@pytest.mark.parametrize("head_type", ["medusa", "eagle3"])
+def test_relabelling_in_the_step_equals_the_relabelled_cache(tmp_path: Path, data, head_type: str) -> None:
+    """`relabel_with_base` in the step (no cache: the labels become the base's choices, read off the states the
+    step computes) gives the loss and the evaluation counts of a relabelled hidden-state cache."""
+    base = tiny_model("llama", seed=0, sharpen=4.0)
+    config = MedusaConfig(num_heads=2, share_lm_head=False, head_type=head_type)
+    model = MedusaForCausalLM.from_base(base, config).freeze_base()
+    layers = model.heads.state_layers if head_type == "eagle3" else (-1,)
+    cached = cache_hidden_states(base, data, tmp_path / "cache", pad_token_id=0, relabel=True, layers=layers)
+    collate = MedusaCollator(0)
+    live_batch, cached_batch = collate([data[i] for i in range(4)]), collate([cached[i] for i in range(4)])
+    assert not torch.equal(live_batch["labels"], cached_batch["labels"])  # the data's tokens are not the base's
+    live = model(**live_batch, soft_targets=True, relabel_with_base=True, rank_top_k=3)
+    from_cache = model(**cached_batch, soft_targets=True, rank_top_k=3)
+    torch.testing.assert_close(live["loss"], from_cache["loss"], rtol=2e-3, atol=2e-3)  # float16 storage
+    assert torch.equal(live["label_ranks"], from_cache["label_ranks"])
+
+
+def test_states_in_the_step_skip_the_bases_logits(data) -> None:
+    """Heads trained on states computed in the step never need the base's logits but at one position: its
+    lm_head runs on one position per row (a fifth of SmolLM2's forward otherwise)."""
+    base = tiny_model("llama", seed=0)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False)).freeze_base()
+    rows: list[int] = []
+    base.lm_head.register_forward_hook(lambda _, inputs, __: rows.append(inputs[0].shape[-2]))
+    batch = MedusaCollator(0)([data[i] for i in range(4)])
+    model(**batch)
+    assert rows == [1]
+
+
 def test_cached_hidden_states_give_the_live_loss(tmp_path: Path, data) -> None:
     base = tiny_model("llama", seed=0)
     model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=2, share_lm_head=False)).freeze_base()
@@ -213,6 +244,42 @@ def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
     model = MedusaForCausalLM.from_pretrained(out)
     assert model.heads.token_ids.numel() == 40 and 3 in model.heads.token_ids.tolist()  # EOS always kept
     assert model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=5, medusa=True).shape == (1, 8)
+
+
+def test_recipe_evaluates_on_eval_data_with_labels_from_the_base(tmp_path: Path) -> None:
+    """`--eval_data` is the held-out set (nothing of `--data` is held out), and `--relabel_with_base` without a
+    cache labels both in the step: the recipe's measurements are those of the saved heads on that set, labelled
+    with the base's choices."""
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(base_dir)
+    train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("\n".join(json.dumps(r) for r in _conversations(16)))
+    held_out.write_text("\n".join(json.dumps(r) for r in _conversations(6, seed=1)))
+    out = tmp_path / "heads"
+    recipe_main()(
+        [
+            "--base", str(base_dir), "--data", str(train), "--eval_data", str(held_out), "--relabel_with_base",
+            "--soft_targets", "--num_heads", "2", "--share_lm_head", "false", "--output_dir", str(out),
+            "--max_steps", "3", "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no",
+        ]
+    )  # fmt: skip
+    recorded = json.loads((out / "eval_metrics.json").read_text())
+    model = MedusaForCausalLM.from_pretrained(out, base_model=tiny_model("llama", seed=0, sharpen=4.0)).freeze_base()
+    evaluation = tokenize_records(load_records(str(held_out)), tokenizer, max_length=1024)
+    trainer = _trainer(tmp_path, model, evaluation, soft_targets=True)
+    trainer.relabel_with_base = True
+    measured = trainer.evaluate()
+    assert recorded["eval_head0_top1"] == measured["eval_head0_top1"]
+    assert recorded["eval_expected_tau"] == measured["eval_expected_tau"]
+    trainer.relabel_with_base = False  # the data's own tokens, which this random base does not write
+    assert trainer.evaluate()["eval_head0_top1"] != measured["eval_head0_top1"]
+
+
+def test_eval_data_and_a_held_out_share_are_refused_together() -> None:
+    with pytest.raises(ValueError, match="--eval_data is the held-out set"):
+        MedusaTrainingConfig(base="b", data="d.jsonl", eval_data="e.jsonl", eval_fraction=0.1)
 
 
 def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> None:

@@ -18,3 +18,32 @@ def values_after(values: torch.Tensor, width: int, fill: int | bool) -> torch.Te
     """`(batch, seq, width)`: at every position t of `values` `(batch, seq)`, the entries t + 1 .. t + width
     (`fill` past the end). A view of a padded copy, not `width` copies."""
     return functional.pad(values, (0, width + 1), value=fill).unfold(1, width, 1)[:, 1 : values.shape[1] + 1]
+
+
+def base_labels(labels: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
+    """Labels that teach the base's own choices: at every labelled position, the base's greedy prediction of
+    that token from the data's prefix (its argmax one position earlier) instead of the data's token.
+
+    Teacher-forced self-distillation: the text can be anyone's (a chat corpus), while the labels are what this
+    base writes after that prefix, which is what its heads must guess at decoding time. One forward per
+    example instead of generating the replies.
+
+    Args:
+        labels (`torch.LongTensor` of shape `(batch, seq)`): the data's labels, `IGNORE_INDEX` where none.
+        predictions (`torch.LongTensor` of shape `(batch, seq)`): the base's argmax at every position (the
+            prediction of the next token).
+    """
+    relabeled = torch.full_like(labels, IGNORE_INDEX)
+    relabeled[:, 1:] = predictions[:, :-1]
+    return torch.where(labels == IGNORE_INDEX, IGNORE_INDEX, relabeled)
+
+
+@torch.no_grad()
+def labels_from_base(labels: torch.Tensor, last_states: torch.Tensor, lm_head: torch.nn.Module) -> torch.Tensor:
+    """[`base_labels`] from the base's last hidden states `(batch, seq, hidden)` (after its final norm): its
+    lm_head runs only one position before each labelled one, the positions whose prediction becomes a label."""
+    predicts = torch.zeros_like(labels, dtype=torch.bool)
+    predicts[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    predictions = torch.zeros_like(labels)
+    predictions[predicts] = lm_head(last_states[predicts].to(lm_head.weight.dtype)).argmax(dim=-1)
+    return base_labels(labels, predictions)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from hf_specdec.medusa.eagle3 import (
     layer_config_to_dict,
 )
 from hf_specdec.medusa.heads import DraftHeads, MedusaHeads
-from hf_specdec.medusa.labels import IGNORE_INDEX
+from hf_specdec.medusa.labels import IGNORE_INDEX, labels_from_base
 from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.medusa.sequence_heads import SequenceHeads, read_states
 from hf_specdec.trees.dynamic import DynamicTree
@@ -492,6 +493,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         distill_weight: float = 1.0,
         rank_top_k: int = 0,
         feature_weight: float = 1.0,
+        relabel_with_base: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Without `labels`, the heads' logits `(heads, batch, seq, vocab)` on the base's last hidden states
         (computed, or `hidden_states` when cached). With `labels`, the training objective instead
@@ -511,6 +513,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 depth how often the label was the rank-r candidate (see `label_rank_counts`), for evaluation.
             feature_weight (`float`): EAGLE heads: the weight of their feature regression (reported as
                 `per_head_feature_loss`).
+            relabel_with_base (`bool`): replace every label by the base's own greedy choice there, read off its
+                last hidden states (`hf_specdec.medusa.labels.labels_from_base`): heads learn, and evaluation
+                measures, what the base writes after the data's prefix, on text anyone wrote.
 
         Raises:
             `TypeError` or `ValueError`, naming the argument: ids or labels that are not 2D integer tensors within
@@ -521,6 +526,8 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         sizes = (width, self.config.vocab_size, self.base.get_input_embeddings().num_embeddings)
         check_forward_inputs(sizes, input_ids, attention_mask, labels, hidden_states)
         check_objective_settings(head_decay, soft_targets, distill_weight, rank_top_k, feature_weight)
+        if not isinstance(relabel_with_base, bool):
+            raise TypeError(f"`relabel_with_base` must be True or False, got {relabel_with_base!r}.")
         if feature_weight != 1.0 and not (isinstance(self.heads, SequenceHeads) and self.heads.predicts_features):
             raise ValueError(
                 f"feature_weight={feature_weight} weighs a feature regression that {type(self.heads).__name__} do not "
@@ -554,6 +561,11 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         elif hidden_states is None:
             with torch.no_grad():
                 hidden_states = self._base_hidden_states(input_ids, attention_mask).detach()
+        if relabel_with_base:
+            if base_loss is not None:
+                raise ValueError("`relabel_with_base` labels with a frozen base's choices; here the base trains.")
+            last = hidden_states[..., -self.config.hidden_size :]  # the last of the states read: the base's last
+            labels = labels_from_base(labels, last, self.base.get_output_embeddings())
         objective = medusa_objective(
             self.heads,
             self.base.get_output_embeddings(),
@@ -586,7 +598,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         if input_ids is None:
             raise ValueError("Pass `input_ids` (or cached `hidden_states`).")
         layers = self._state_layers
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(layers))
+        # The heads read states, not the base's logits: its lm_head runs on one position (a fifth of SmolLM2's
+        # forward, a seventh of Qwen2.5-1.5B's over a long sequence).
+        skip_logits = {"logits_to_keep": 1} if _takes_logits_to_keep(self.base) else {}
+        out = self.base(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(layers), **skip_logits
+        )
         return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
     def _head_logits(
@@ -603,6 +620,12 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 raise ValueError("Recurrent heads read the following tokens: pass `input_ids` or `labels`.")
             return self.heads(hidden_states, lm_head, input_ids.clamp_min(0), self.base.get_input_embeddings())
         return self.heads(hidden_states, lm_head)
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether `model`'s forward (through PEFT's wrapper, when there is one) takes `logits_to_keep`."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 _HEAD_CLASSES: dict[str, type[DraftHeads]] = {

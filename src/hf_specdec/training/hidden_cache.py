@@ -18,7 +18,7 @@ import torch
 from accelerate import PartialState
 from transformers import PreTrainedModel
 
-from hf_specdec.medusa.loss import IGNORE_INDEX
+from hf_specdec.medusa.labels import base_labels
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.processes import main_process_value
 
@@ -111,21 +111,3 @@ def numpy_states(dataset: datasets.Dataset) -> datasets.Dataset:
     """`dataset` with its `hidden_states` read as numpy arrays (its other columns as they are): read as Python lists,
     a batch of Qwen2.5-1.5B's states costs seconds to convert, a large share of a training step."""
     return dataset.with_format("numpy", columns=["hidden_states"], output_all_columns=True)
-
-
-def base_labels(labels: torch.Tensor, predictions: torch.Tensor) -> torch.Tensor:
-    """Labels that teach the base's own choices: at every labelled position, the base's greedy prediction of
-    that token from the data's prefix (its argmax one position earlier) instead of the data's token.
-
-    Teacher-forced self-distillation: the text can be anyone's (a chat corpus), while the labels are what this
-    base writes after that prefix, which is what its heads must guess at decoding time. One forward per
-    example instead of generating the replies.
-
-    Args:
-        labels (`torch.LongTensor` of shape `(batch, seq)`): the data's labels, `IGNORE_INDEX` where none.
-        predictions (`torch.LongTensor` of shape `(batch, seq)`): the base's argmax at every position (the
-            prediction of the next token).
-    """
-    relabeled = torch.full_like(labels, IGNORE_INDEX)
-    relabeled[:, 1:] = predictions[:, :-1]
-    return torch.where(labels == IGNORE_INDEX, IGNORE_INDEX, relabeled)

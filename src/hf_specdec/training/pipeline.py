@@ -140,9 +140,20 @@ class MedusaTrainingConfig:
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
     max_examples: int | None = field(
         default=None,
-        metadata={"help": "Use only the first this many records of each data source (of all, with --self_distill)."},
+        metadata={"help": "Use only the first this many records of each data source (of all, with --self_distill; --eval_data is read whole)."},
     )
-    eval_fraction: float = field(default=0.05, metadata={"help": "Share of examples held out for evaluation."})
+    eval_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Share of each source's examples held out for evaluation (0.05; with --eval_data, 0)."},
+    )
+    eval_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on this data instead of a share of --data (files or a Hub data set, as --data; "
+            "self-distilled, cached and relabelled as --data is): one fixed held-out set for runs that train on "
+            "different amounts of data."
+        },
+    )
     self_distill: bool = field(default=False, metadata={"help": "Generate the replies with the base itself."})
     distill_max_new_tokens: int = field(default=256, metadata={"help": "Reply length when self-distilling."})
     distill_batch_size: int = field(default=8, metadata={"help": "Batch size when self-distilling."})
@@ -150,8 +161,9 @@ class MedusaTrainingConfig:
     relabel_with_base: bool = field(
         default=False,
         metadata={
-            "help": "With --cache_hidden_states: replace each reply token by the base's own greedy prediction "
-            "from the data's prefix (teacher-forced self-distillation: one forward, no generation)."
+            "help": "Replace each reply token by the base's own greedy prediction from the data's prefix "
+            "(teacher-forced self-distillation: one forward, no generation), in the hidden-state pass with "
+            "--cache_hidden_states, else in every training step."
         },
     )
     soft_targets: bool = field(
@@ -188,8 +200,8 @@ class MedusaTrainingConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}.")
         if self.relabel_with_base and self.self_distill:
             raise ValueError("--relabel_with_base and --self_distill both label with the base's own tokens: pass one.")
-        if self.relabel_with_base and not self.cache_hidden_states:
-            raise ValueError("--relabel_with_base labels the data in the hidden-state pass: add --cache_hidden_states.")
+        if self.relabel_with_base and self.lora:
+            raise ValueError("--relabel_with_base labels with a frozen base's choices; --lora trains it: pass one.")
         if self.head_layer_type not in EAGLE3_LAYER_TYPES:
             raise ValueError(f"--head_layer_type is one of {EAGLE3_LAYER_TYPES}, got {self.head_layer_type!r}.")
         if self.head_layer_type != "llama" and self.head_type != "eagle3":
@@ -208,8 +220,12 @@ class MedusaTrainingConfig:
                     + ", ".join(f"--{name}" for name in changed)
                     + "."
                 )
+        if self.eval_fraction is None:
+            self.eval_fraction = 0.0 if self.eval_data else 0.05
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+        if self.eval_data and self.eval_fraction:
+            raise ValueError("--eval_data is the held-out set: drop --eval_fraction (or --eval_data to split --data).")
         self.head_config()  # the heads' settings are checked before any data work, which can take hours
 
     def head_config(self) -> MedusaConfig:
@@ -250,18 +266,11 @@ def train_medusa(
     # The base's states the heads train on: the warm start's own (any layout it was loaded from), or fresh heads'.
     layers = state_layers(config.head_config() if warm is None else warm.config, base)
     parts = [_tokenize_part(config, training_args, base, tokenizer, source, output_dir, layers) for source in sources]
-    if config.eval_fraction:
-        if small := [len(part) for part in parts if len(part) < 2]:
-            raise ValueError(
-                f"A data source has {small[0]} example(s): each source is split for evaluation on its own, so "
-                "each needs at least 2 (merge small files into one source, or pass --eval_fraction 0)."
-            )
-        with training_args.main_process_first(desc="splitting"):
-            splits = [part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) for part in parts]
-        train = datasets.concatenate_datasets([split["train"] for split in splits])
-        evaluation = datasets.concatenate_datasets([split["test"] for split in splits])
-    else:
-        train, evaluation = datasets.concatenate_datasets(parts), None
+    train, evaluation = _split(config, training_args, parts)
+    if config.eval_data:
+        evaluation = _tokenize_part(
+            config, training_args, base, tokenizer, config.eval_data, output_dir, layers, role="eval"
+        )
     if warm is not None:
         model = warm
         if (token_ids := model.heads.token_ids) is not None:
@@ -292,6 +301,8 @@ def train_medusa(
         tree_nodes=config.tree_nodes,
         soft_targets=config.soft_targets,
         feature_weight=config.feature_weight,
+        # Cached states were relabelled once, when they were computed.
+        relabel_with_base=config.relabel_with_base and not config.cache_hidden_states,
     )
     trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
     metrics = None
@@ -381,10 +392,27 @@ def _resume_argument(value: str | bool | None) -> str | bool | None:
     return value
 
 
-def _records(config: MedusaTrainingConfig, data: str) -> datasets.Dataset:
+def _split(
+    config: MedusaTrainingConfig, training_args: TrainingArguments, parts: list[datasets.Dataset]
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """The training set and the held-out one: `eval_fraction` of each source's examples, or none."""
+    if not config.eval_fraction:
+        return datasets.concatenate_datasets(parts), None
+    if small := [len(part) for part in parts if len(part) < 2]:
+        raise ValueError(
+            f"A data source has {small[0]} example(s): each source is split for evaluation on its own, so "
+            "each needs at least 2 (merge small files into one source, or pass --eval_fraction 0)."
+        )
+    with training_args.main_process_first(desc="splitting"):
+        splits = [part.train_test_split(test_size=config.eval_fraction, seed=training_args.seed) for part in parts]
+    train = datasets.concatenate_datasets([split["train"] for split in splits])
+    return train, datasets.concatenate_datasets([split["test"] for split in splits])
+
+
+def _records(config: MedusaTrainingConfig, data: str, max_examples: int | None) -> datasets.Dataset:
     records = load_records(data, split=config.dataset_split)
-    if config.max_examples is not None:
-        records = records.select(range(min(config.max_examples, len(records))))
+    if max_examples is not None:
+        records = records.select(range(min(max_examples, len(records))))
     return records
 
 
@@ -396,19 +424,21 @@ def _tokenize_part(
     source: str,
     output_dir: Path,
     layers: tuple[int, ...],
+    role: str = "train",
 ) -> datasets.Dataset:
     """One data source tokenised, self-distilled and with the base's hidden states of `layers` (concatenated), as
-    configured. Loading and tokenising run on the main process first (the others then read `datasets`' cache);
-    self-distillation and the hidden states are split between the processes."""
+    configured; `role` `"eval"` keeps its self-distilled replies apart from the training data's and takes every
+    record (`max_examples` caps training sources). Loading and tokenising run on the main process first (the others
+    then read `datasets`' cache); self-distillation and the hidden states are split between the processes."""
     with training_args.main_process_first(desc="loading data"):
-        records = _records(config, source)
+        records = _records(config, source, config.max_examples if role == "train" else None)
     if config.self_distill and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.
         distilled = self_distill_with_states(
             base,
             tokenizer,
             records,
-            output_dir / "self_distill_states",
+            output_dir / ("self_distill_states" if role == "train" else "eval_self_distill_states"),
             max_new_tokens=config.distill_max_new_tokens,
             batch_size=config.distill_batch_size,
             max_length=config.max_length,
@@ -422,7 +452,7 @@ def _tokenize_part(
             base,
             tokenizer,
             records,
-            output_dir / "self_distill.jsonl",
+            output_dir / ("self_distill.jsonl" if role == "train" else "eval_self_distill.jsonl"),
             max_new_tokens=config.distill_max_new_tokens,
             batch_size=config.distill_batch_size,
             messages_column=config.messages_column,

@@ -35,6 +35,8 @@ class MedusaTrainer(Trainer):
         feature_weight (`float`): EAGLE heads: the weight of their feature regression.
         soft_targets (`bool`): heads learn the base's whole next-token distributions, not its tokens (see
             `hf_specdec.medusa.loss.medusa_objective`).
+        relabel_with_base (`bool`): every label becomes the base's own greedy choice there, computed in the step
+            from the base's states (the data then only supplies the text; see `MedusaForCausalLM.forward`).
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class MedusaTrainer(Trainer):
         tree_nodes: int = 16,
         soft_targets: bool = False,
         feature_weight: float = 1.0,
+        relabel_with_base: bool = False,
         **kwargs: Any,
     ) -> None:
         model = kwargs.get("model", args[0] if args else None)
@@ -56,6 +59,7 @@ class MedusaTrainer(Trainer):
         self.distill_weight = distill_weight
         self.tree_nodes = tree_nodes
         self.feature_weight = feature_weight
+        self.relabel_with_base = relabel_with_base
 
     @property
     def medusa(self) -> MedusaForCausalLM:
@@ -69,6 +73,7 @@ class MedusaTrainer(Trainer):
             "soft_targets": self.soft_targets,
             "distill_weight": self.distill_weight,
             "feature_weight": self.feature_weight,
+            "relabel_with_base": self.relabel_with_base,
         }
 
     def compute_loss(
