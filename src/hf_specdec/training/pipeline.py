@@ -140,7 +140,10 @@ class MedusaTrainingConfig:
     max_length: int = field(default=1024, metadata={"help": "Tokens per example, at most."})
     max_examples: int | None = field(
         default=None,
-        metadata={"help": "Use only the first this many records of each data source (of all, with --self_distill; --eval_data is read whole)."},
+        metadata={
+            "help": "Use only the first this many records of each data source (of all, with --self_distill; "
+            "--eval_data is read whole)."
+        },
     )
     eval_fraction: float | None = field(
         default=None,

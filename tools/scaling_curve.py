@@ -1,0 +1,117 @@
+"""How acceptance grows with the data heads train on: every checkpoint of a training run, measured on one fixed
+held-out set and in decoding, written as JSON and plotted.
+
+For each checkpoint: the examples and tokens trained on (Trainer's state: `num_input_tokens_seen` with
+`--include_num_input_tokens_seen non_padding`, else the examples seen times the run's mean tokens per example),
+held-out top-1 accuracy by depth and expected tau (`hf_specdec.training.evaluate_heads`, labels the base's own
+choices), and the tau that decoding reaches (`hf-specdec bench`: tokens per target forward, every output checked
+against plain greedy). `hf-specdec simulate --alpha` turns a point's acceptance into a speedup.
+
+    python tools/scaling_curve.py --base smollm2-135m --run heads/smollm2-curve --eval-data eval.jsonl \
+        --train-data train.jsonl --steps 75,150,300,600 --out curve.json --plot curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from hf_specdec import MedusaForCausalLM
+from hf_specdec.training import evaluate_heads, load_records, tokenize_records
+from hf_specdec.zoo import load_model
+
+
+def trained_on(checkpoint: Path, tokens_per_example: float) -> dict[str, float]:
+    """Examples and tokens a checkpoint has trained on, from Trainer's state."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    examples = state["global_step"] * state["train_batch_size"]
+    tokens = state.get("num_input_tokens_seen") or examples * tokens_per_example
+    return {"step": state["global_step"], "examples": examples, "tokens": int(tokens)}
+
+
+def decoding_tau(base: str, heads: Path, methods: str, n: int, max_new_tokens: int) -> dict[str, dict]:
+    """`hf-specdec bench`'s summary of `methods` with these heads (tau, acceptance by position, identity)."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            "hf-specdec", "bench", "--target", base, "--draft", "none", "--medusa", str(heads), "--methods", methods,
+            "--n", str(n), "--max-new-tokens", str(max_new_tokens), "--batch-size", "1", "--out", out,
+        ]  # fmt: skip
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        summary = json.loads((Path(out) / "results.json").read_text())["summary"]
+    keep = ("tau", "acceptance_by_position", "identical_to_plain", "divergences_beyond_tie")
+    return {method: {k: entry.get(k) for k in keep} for method, entry in summary.items() if method != "plain"}
+
+
+def plot(points: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    tokens = [p["tokens"] / 1e6 for p in points]
+    depths = len(points[0]["held_out_top1"])
+    for depth in range(depths):
+        left.plot(tokens, [p["held_out_top1"][depth] for p in points], marker="o", label=f"depth {depth + 1}")
+    left.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="held-out top-1", title="accuracy by depth")
+    left.legend()
+    for method in points[0]["decoding"]:
+        right.plot(tokens, [p["decoding"][method]["tau"] for p in points], marker="o", label=f"decoding, {method}")
+    right.plot(tokens, [p["expected_tau"] for p in points], marker="s", linestyle="--", label="expected (16 nodes)")
+    right.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="tau (tokens per target forward)")
+    right.set(title="tau")
+    right.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the heads' base (zoo name or folder)")
+    parser.add_argument("--run", type=Path, required=True, help="the training run's output folder (checkpoint-N)")
+    parser.add_argument("--steps", required=True, help="comma-separated checkpoint steps to measure")
+    parser.add_argument("--eval-data", required=True, help="held-out data (the base's own replies, ideally)")
+    parser.add_argument("--train-data", help="the run's data, for its mean tokens per example (without a count)")
+    parser.add_argument("--max-length", type=int, default=512, help="the run's --max_length")
+    parser.add_argument("--methods", default="plain,medusa-16", help="benchmark methods (plain first)")
+    parser.add_argument("--n", type=int, default=12, help="benchmark prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file of the points")
+    parser.add_argument("--plot", type=Path, help="PNG of the curve")
+    args = parser.parse_args(argv)
+    base, tokenizer = load_model(args.base, dtype=torch.bfloat16)
+    evaluation = tokenize_records(load_records(args.eval_data), tokenizer, args.max_length)
+    per_example = 0.0
+    if args.train_data:
+        train = tokenize_records(load_records(args.train_data), tokenizer, args.max_length)
+        per_example = sum(len(ids) for ids in train["input_ids"]) / len(train)
+    points = json.loads(args.out.read_text()) if args.out.exists() else []
+    done = {p["step"] for p in points}
+    for step in [int(s) for s in args.steps.split(",")]:
+        if step in done:
+            continue
+        checkpoint = args.run / f"checkpoint-{step}"
+        point = trained_on(checkpoint, per_example)
+        model = MedusaForCausalLM.from_pretrained(checkpoint, base_model=base)
+        metrics = evaluate_heads(model, evaluation, tokenizer, relabel_with_base=True)
+        depths = model.config.num_heads
+        point["held_out_top1"] = [round(metrics[f"eval_head{k}_top1"], 4) for k in range(depths)]
+        point["expected_tau"] = round(metrics["eval_expected_tau"], 3)
+        point["decoding"] = decoding_tau(args.base, checkpoint, args.methods, args.n, args.max_new_tokens)
+        print(json.dumps(point), flush=True)
+        points = sorted([*points, point], key=lambda p: p["step"])
+        args.out.write_text(json.dumps(points, indent=1))
+    if args.plot is not None and points:
+        plot(points, args.plot, f"EAGLE-3 heads for {args.base}: held-out and decoding acceptance against data")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
