@@ -276,9 +276,40 @@ def test_recipe_evaluates_on_eval_data_with_labels_from_the_base(tmp_path: Path)
     assert evaluate_heads(model, evaluation, tokenizer)["eval_head0_top1"] != measured["eval_head0_top1"]
 
 
+def test_recipe_evaluates_on_the_bases_own_replies_to_eval_data(tmp_path: Path) -> None:
+    """`--eval_self_distill`: the base writes `--eval_data`'s replies (kept apart from the training data, which is
+    not generated), and the recorded measurements are the heads' on those replies."""
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(base_dir)
+    train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("\n".join(json.dumps(r) for r in _conversations(16)))
+    held_out.write_text("\n".join(json.dumps(r) for r in _conversations(6, seed=1)))
+    out = tmp_path / "heads"
+    recipe_main()(
+        [
+            "--base", str(base_dir), "--data", str(train), "--eval_data", str(held_out), "--eval_self_distill",
+            "--distill_max_new_tokens", "10", "--relabel_with_base", "--num_heads", "2", "--share_lm_head", "false",
+            "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to",
+            "none", "--save_strategy", "no",
+        ]
+    )  # fmt: skip
+    assert not (out / "self_distill.jsonl").exists()
+    written = load_records(str(out / "eval_self_distill.jsonl"))
+    assert len(written) == 6 and written[0]["messages"][-1]["content"] != _conversations(6, seed=1)[0]
+    model = MedusaForCausalLM.from_pretrained(out, base_model=tiny_model("llama", seed=0, sharpen=4.0))
+    evaluation = tokenize_records(written, tokenizer, max_length=1024)
+    measured = evaluate_heads(model, evaluation, tokenizer, relabel_with_base=True)  # as the run measures
+    recorded = json.loads((out / "eval_metrics.json").read_text())
+    assert recorded["eval_head0_top1"] == measured["eval_head0_top1"]
+
+
 def test_eval_data_and_a_held_out_share_are_refused_together() -> None:
     with pytest.raises(ValueError, match="--eval_data is the held-out set"):
         MedusaTrainingConfig(base="b", data="d.jsonl", eval_data="e.jsonl", eval_fraction=0.1)
+    with pytest.raises(ValueError, match="--eval_self_distill self-distils --eval_data: add --eval_data"):
+        MedusaTrainingConfig(base="b", data="d.jsonl", eval_self_distill=True)
 
 
 def test_recipe_trains_eagle_heads_on_self_distilled_states(tmp_path: Path) -> None:

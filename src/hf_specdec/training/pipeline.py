@@ -158,6 +158,13 @@ class MedusaTrainingConfig:
         },
     )
     self_distill: bool = field(default=False, metadata={"help": "Generate the replies with the base itself."})
+    eval_self_distill: bool = field(
+        default=False,
+        metadata={
+            "help": "Have the base write --eval_data's replies even without --self_distill: train on text anyone "
+            "wrote (--relabel_with_base), evaluate on what the base writes, as at decoding time."
+        },
+    )
     distill_max_new_tokens: int = field(default=256, metadata={"help": "Reply length when self-distilling."})
     distill_batch_size: int = field(default=8, metadata={"help": "Batch size when self-distilling."})
     cache_hidden_states: bool = field(default=False, metadata={"help": "Medusa-1: compute base states once."})
@@ -227,6 +234,8 @@ class MedusaTrainingConfig:
             self.eval_fraction = 0.0 if self.eval_data else 0.05
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+        if self.eval_self_distill and not self.eval_data:
+            raise ValueError("--eval_self_distill self-distils --eval_data: add --eval_data.")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval_data is the held-out set: drop --eval_fraction (or --eval_data to split --data).")
         self.head_config()  # the heads' settings are checked before any data work, which can take hours
@@ -435,7 +444,8 @@ def _tokenize_part(
     then read `datasets`' cache); self-distillation and the hidden states are split between the processes."""
     with training_args.main_process_first(desc="loading data"):
         records = _records(config, source, config.max_examples if role == "train" else None)
-    if config.self_distill and config.cache_hidden_states:
+    distilled_here = config.self_distill or (role == "eval" and config.eval_self_distill)
+    if distilled_here and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.
         distilled = self_distill_with_states(
             base,
@@ -450,7 +460,7 @@ def _tokenize_part(
         )
         # EAGLE heads read the prompt's tokens too; the other heads read the labelled ones only.
         return distilled if config.head_type in ("eagle", "eagle3") else distilled.remove_columns("input_ids")
-    if config.self_distill:
+    if distilled_here:
         records = self_distill(
             base,
             tokenizer,
