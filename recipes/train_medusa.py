@@ -1,7 +1,7 @@
 """Train Medusa heads for any causal LM.
 
     python recipes/train_medusa.py --base smollm2-135m --data conversations.jsonl --num_heads 4 \
-        --output_dir heads/smollm2 [--self_distill] [--cache_hidden_states] [--lora] [--push_to_hub]
+        --output_dir heads/smollm2 [--self_distill] [--cache_hidden_states] [--lora] [--push_to_hub] [--dry_run]
 
 Every `TrainingArguments` option works too (--num_train_epochs, --learning_rate, --per_device_train_batch_size,
 --gradient_accumulation_steps, --bf16, --save_steps, --resume_from_checkpoint, ...). On several processes:
@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> None:
         parser = HfArgumentParser((MedusaTrainingConfig, TrainingArguments))
         config, training_args = parser.parse_args_into_dataclasses(args=argv)
         arguments = sys.argv[1:] if argv is None else argv
+        if config.dry_run:
+            from hf_specdec.training.plan import plan_training
+
+            print(plan_training(config, training_args))
+            return
         train_medusa(config, training_args, command=shlex.join(["python", "recipes/train_medusa.py", *arguments]))
     except MissingExtraError as error:
         raise SystemExit(f"train_medusa.py: error: {error}") from None

@@ -305,6 +305,35 @@ def test_recipe_evaluates_on_the_bases_own_replies_to_eval_data(tmp_path: Path) 
     assert recorded["eval_head0_top1"] == measured["eval_head0_top1"]
 
 
+@pytest.mark.parametrize("mode", ["teacher-forced", "cached", "self-distilled"])
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys, mode: str) -> None:
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0).save_pretrained(base_dir)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(base_dir)
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _conversations(20)))
+    out = tmp_path / "heads"
+    extra = {"cached": ["--cache_hidden_states"], "self-distilled": ["--self_distill", "--distill_max_new_tokens", "6"]}
+    recipe_main()(
+        [
+            "--base", str(base_dir), "--data", str(data), "--num_heads", "2", "--head_type", "eagle3",
+            "--head_vocab_size", "30", "--output_dir", str(out), "--num_train_epochs", "3",
+            "--per_device_train_batch_size", "4", "--eval_fraction", "0.25", "--report_to", "none", "--dry_run",
+            *extra.get(mode, []),
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert not out.exists()
+    # 20 examples, 5 held out; 15 in batches of 4 are 4 steps an epoch, 3 epochs.
+    assert "data: 20 examples (15 to train on, 5 held out)" in printed
+    assert "training: 12 steps of 4 examples" in printed and "evaluation: 5 examples" in printed
+    assert ("self-distillation: 20 replies of up to 6 tokens" in printed) == (mode == "self-distilled")
+    assert ("hidden states: cached once" in printed) == (mode == "cached")
+    tokens = sum(len(row) for row in tokenize_records(load_records(str(data)), tokenizer, 1024)["input_ids"])
+    assert (f"{tokens:,} tokens" in printed) == (mode != "self-distilled")  # generated replies: an upper bound
+
+
 def test_eval_data_and_a_held_out_share_are_refused_together() -> None:
     with pytest.raises(ValueError, match="--eval_data is the held-out set"):
         MedusaTrainingConfig(base="b", data="d.jsonl", eval_data="e.jsonl", eval_fraction=0.1)

@@ -193,6 +193,13 @@ class MedusaTrainingConfig:
     )
     tree_nodes: int = field(default=16, metadata={"help": "Node budget of the tree built from measured accuracies."})
     dtype: str = field(default="float32", metadata={"help": f"Base weights' dtype: {sorted(DTYPES)}."})
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Print the plan (the data counted, each stage's minutes measured on one batch here) and stop "
+            "before any long work; nothing is written."
+        },
+    )
     export_to: str | None = field(
         default=None,
         metadata={
