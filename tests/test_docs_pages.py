@@ -373,8 +373,10 @@ def test_training_page_runs_as_written(tmp_path, monkeypatch, work, one_thread) 
     namespace: dict = {}
     done = run_page(DOCS / "training.md", work, namespace)
 
-    # The quick start, the two resuming commands and the publishing one ran; the launchers' commands parsed.
-    assert done.count("run recipe") == 4 and done.count("python") == 2 and "launch" in done
+    # The quick start, the dry run, the two resuming commands and the publishing one ran; the launchers' parsed.
+    assert done.count("run recipe") == 5 and done.count("python") == 2 and "launch" in done
+    assert not (work / "heads/smollm2-teacher-forced").exists()  # a dry run writes nothing
+    assert (work / "code.jsonl").read_text().count("\n") == 2000 and (work / "held_out.jsonl").exists()
     assert (work / "heads/smollm2/checkpoint-2").is_dir()  # what `--resume_from_checkpoint true` resumed from
     # The quick start's heads, where the page says, with their held-out accuracy.
     heads = MedusaForCausalLM.from_pretrained("heads/smollm2")

@@ -4,8 +4,8 @@ held-out set and in decoding, written as JSON and plotted.
 For each checkpoint: the examples and tokens trained on (Trainer's state: `num_input_tokens_seen` with
 `--include_num_input_tokens_seen non_padding`, else the examples seen times the run's mean tokens per example),
 held-out top-1 accuracy by depth and expected tau (`hf_specdec.training.evaluate_heads`, labels the base's own
-choices), and the tau that decoding reaches (`hf-specdec bench`: tokens per target forward, every output checked
-against plain greedy). `hf-specdec simulate --alpha` turns a point's acceptance into a speedup.
+choices), and the tau greedy decoding reaches on the benchmark's prompts (tokens per target forward, the prefill
+counted; `hf-specdec bench` measures speed and checks outputs). `hf-specdec simulate` turns acceptance into speedup.
 
     python tools/scaling_curve.py --base smollm2-135m --run heads/smollm2-curve --eval-data eval.jsonl \
         --train-data train.jsonl --steps 75,150,300,600 --out curve.json --plot curve.png
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from hf_specdec import MedusaForCausalLM
+from hf_specdec.bench.prompts import chat_inputs, load_prompts
+from hf_specdec.bench.runner import row_lengths
 from hf_specdec.training import evaluate_heads, load_records, tokenize_records
 from hf_specdec.zoo import load_model
 
@@ -35,17 +35,36 @@ def trained_on(checkpoint: Path, tokens_per_example: float) -> dict[str, float]:
     return {"step": state["global_step"], "examples": examples, "tokens": int(tokens)}
 
 
-def decoding_tau(base: str, heads: Path, methods: str, n: int, max_new_tokens: int) -> dict[str, dict]:
-    """`hf-specdec bench`'s summary of `methods` with these heads (tau, acceptance by position, identity)."""
-    with tempfile.TemporaryDirectory() as out:
-        command = [
-            "hf-specdec", "bench", "--target", base, "--draft", "none", "--medusa", str(heads), "--methods", methods,
-            "--n", str(n), "--max-new-tokens", str(max_new_tokens), "--batch-size", "1", "--out", out,
-        ]  # fmt: skip
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        summary = json.loads((Path(out) / "results.json").read_text())["summary"]
-    keep = ("tau", "acceptance_by_position", "identical_to_plain", "divergences_beyond_tie")
-    return {method: {k: entry.get(k) for k in keep} for method, entry in summary.items() if method != "plain"}
+def decoding_tau(model: MedusaForCausalLM, tokenizer: object, trees: list[int], n: int, max_new_tokens: int) -> dict:
+    """Per tree size, the tau greedy decoding with these heads reaches on the benchmark's prompts (MT-Bench,
+    HumanEval, GSM8K; `hf-specdec bench`'s sample): tokens per target forward, the prefill counted, and the
+    acceptance by draft position."""
+    prompts = load_prompts(["mt-bench", "humaneval", "gsm8k"], n)
+    eos = model.generation_config.eos_token_id
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    result = {}
+    for nodes in trees:
+        tokens = forwards = 0
+        drafted = accepted = None
+        for prompt in prompts:
+            inputs = chat_inputs(tokenizer, [prompt.text])  # type: ignore[arg-type]
+            out = model.generate(
+                **inputs, medusa=True, tree=nodes, max_new_tokens=max_new_tokens, do_sample=False,
+                return_dict_in_generate=True,
+            )  # fmt: skip
+            tokens += row_lengths(out.sequences, inputs["input_ids"].shape[1], eos_ids)[0]
+            stats = out.speculative
+            forwards += int(stats.target_forwards[0]) + 1  # + the prefill
+            drafted = stats.drafted_at_position if drafted is None else _add(drafted, stats.drafted_at_position)
+            accepted = stats.accepted_at_position if accepted is None else _add(accepted, stats.accepted_at_position)
+        by_position = [round(float(a) / float(d), 3) if d else None for a, d in zip(accepted, drafted, strict=True)]
+        result[f"tree={nodes}"] = {"tau": round(tokens / forwards, 3), "acceptance_by_position": by_position[:6]}
+    return result
+
+
+def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    width = max(a.numel(), b.numel())
+    return torch.nn.functional.pad(a, (0, width - a.numel())) + torch.nn.functional.pad(b, (0, width - b.numel()))
 
 
 def plot(points: list[dict], path: Path, title: str) -> None:
@@ -61,8 +80,8 @@ def plot(points: list[dict], path: Path, title: str) -> None:
         left.plot(tokens, [p["held_out_top1"][depth] for p in points], marker="o", label=f"depth {depth + 1}")
     left.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="held-out top-1", title="accuracy by depth")
     left.legend()
-    for method in points[0]["decoding"]:
-        right.plot(tokens, [p["decoding"][method]["tau"] for p in points], marker="o", label=f"decoding, {method}")
+    for tree in points[0]["decoding"]:
+        right.plot(tokens, [p["decoding"][tree]["tau"] for p in points], marker="o", label=f"decoding, {tree}")
     right.plot(tokens, [p["expected_tau"] for p in points], marker="s", linestyle="--", label="expected (16 nodes)")
     right.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="tau (tokens per target forward)")
     right.set(title="tau")
@@ -80,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-data", required=True, help="held-out data (the base's own replies, ideally)")
     parser.add_argument("--train-data", help="the run's data, for its mean tokens per example (without a count)")
     parser.add_argument("--max-length", type=int, default=512, help="the run's --max_length")
-    parser.add_argument("--methods", default="plain,medusa-16", help="benchmark methods (plain first)")
+    parser.add_argument("--trees", default="16", help="comma-separated tree sizes to decode with")
     parser.add_argument("--n", type=int, default=12, help="benchmark prompts")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, required=True, help="JSON file of the points")
@@ -104,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         depths = model.config.num_heads
         point["held_out_top1"] = [round(metrics[f"eval_head{k}_top1"], 4) for k in range(depths)]
         point["expected_tau"] = round(metrics["eval_expected_tau"], 3)
-        point["decoding"] = decoding_tau(args.base, checkpoint, args.methods, args.n, args.max_new_tokens)
+        trees = [int(size) for size in args.trees.split(",")]
+        point["decoding"] = decoding_tau(model, tokenizer, trees, args.n, args.max_new_tokens)
         print(json.dumps(point), flush=True)
         points = sorted([*points, point], key=lambda p: p["step"])
         args.out.write_text(json.dumps(points, indent=1))
