@@ -116,6 +116,8 @@ def medusa2_heads(heads: Path) -> Path:
         (["data", "--source", "python", "--whole", "--out", "x.jsonl"], "--whole select conversations"),
         (["data", "--source", "python", "--max-prompt-chars", "9", "--out", "x.jsonl"], "use --max-chars with code"),
         (["data", "--source", "cobol", "--out", "x.jsonl"], "invalid choice: 'cobol'"),
+        (["data", "--source", "python", "--max-chars", "50", "--out", "x.jsonl"], "use at least that"),
+        (["data", "--max-chars", "500", "--out", "x.jsonl"], "add --source python, or drop it"),
         (["simulate", "--gamma", "1..x"], "--gamma: expected 4, 1,2,4 or 1..8"),
         (["simulate", "--gamma", "8..1"], "empty range"),
         (["simulate", "--gamma", "-1"], "expected whole numbers in 0..1024"),

@@ -63,3 +63,9 @@ def test_data_command_exports_installed_code(tmp_path: Path, capsys) -> None:
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == 3 and all(len(r["text"]) <= 500 and r["source"].count("#") == 1 for r in written)
     assert "wrote 3 code chunks" in capsys.readouterr().out
+    later = tmp_path / "later.jsonl"  # held out: the chunks after those
+    assert (
+        main(["data", "--source", "python", "--n", "2", "--skip", "2", "--max-chars", "500", "--out", str(later)]) == 0
+    )
+    held_out = [json.loads(line) for line in later.read_text().splitlines()]
+    assert len(held_out) == 2 and held_out[0] == written[2]

@@ -297,7 +297,8 @@ def test_recipe_evaluates_on_the_bases_own_replies_to_eval_data(tmp_path: Path) 
     )  # fmt: skip
     assert not (out / "self_distill.jsonl").exists()
     written = load_records(str(out / "eval_self_distill.jsonl"))
-    assert len(written) == 6 and written[0]["messages"][-1]["content"] != _conversations(6, seed=1)[0]
+    data_reply = _conversations(6, seed=1)[0]["conversations"][1]["value"]
+    assert len(written) == 6 and written[0]["messages"][-1]["content"] != data_reply  # the base's, not the data's
     model = MedusaForCausalLM.from_pretrained(out, base_model=tiny_model("llama", seed=0, sharpen=4.0))
     evaluation = tokenize_records(written, tokenizer, max_length=1024)
     measured = evaluate_heads(model, evaluation, tokenizer, relabel_with_base=True)  # as the run measures
@@ -326,7 +327,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys, mode
     printed = capsys.readouterr().out
     assert not out.exists()
     # 20 examples, 5 held out; 15 in batches of 4 are 4 steps an epoch, 3 epochs.
-    assert "data: 20 examples (15 to train on, 5 held out)" in printed
+    assert "data: 20 examples" in printed and "15 to train on, 5 to evaluate on" in printed
     assert "training: 12 steps of 4 examples" in printed and "evaluation: 5 examples" in printed
     assert ("self-distillation: 20 replies of up to 6 tokens" in printed) == (mode == "self-distilled")
     assert ("hidden states: cached once" in printed) == (mode == "cached")

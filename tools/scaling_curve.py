@@ -28,10 +28,14 @@ from hf_specdec.zoo import load_model
 
 
 def trained_on(checkpoint: Path, tokens_per_example: float) -> dict[str, float]:
-    """Examples and tokens a checkpoint has trained on, from Trainer's state."""
+    """Examples and tokens a checkpoint has trained on, from Trainer's state and arguments (a step is the batch
+    of every process, times the gradient accumulation)."""
     state = json.loads((checkpoint / "trainer_state.json").read_text())
-    examples = state["global_step"] * state["train_batch_size"]
+    args = torch.load(checkpoint / "training_args.bin", weights_only=False)
+    examples = state["global_step"] * state["train_batch_size"] * args.gradient_accumulation_steps * args.world_size
     tokens = state.get("num_input_tokens_seen") or examples * tokens_per_example
+    if not tokens:
+        raise SystemExit(f"{checkpoint} has no count of tokens seen: pass the run's data as --train-data.")
     return {"step": state["global_step"], "examples": examples, "tokens": int(tokens)}
 
 
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         if step in done:
             continue
         checkpoint = args.run / f"checkpoint-{step}"
+        if (checkpoint / "base_adapter").exists():
+            raise SystemExit(f"{checkpoint} trains the base through adapters: measure heads of a frozen base.")
         point = trained_on(checkpoint, per_example)
         model = MedusaForCausalLM.from_pretrained(checkpoint, base_model=base)
         metrics = evaluate_heads(model, evaluation, tokenizer, relabel_with_base=True)

@@ -11,6 +11,7 @@ Any other exception is a bug, and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ from hf_specdec.cli_args import (
     require_zoo_converter,
     share,
 )
-from hf_specdec.code_corpus import code_records, python_roots
+from hf_specdec.code_corpus import MIN_CHUNK_CHARS, code_records, python_roots
 from hf_specdec.serving import cli as serving
 from hf_specdec.simulator import cli as simulator
 from hf_specdec.topics import TOPICS, select_conversations
@@ -92,11 +93,13 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument("--n", type=positive_int, default=1000, help="conversations (or code chunks) to export")
     data.add_argument("--whole", action="store_true", help="keep whole conversations, not their first exchange")
     data.add_argument(
-        "--max-chars", type=positive_int, default=2000, help="--source python: characters per chunk, at most"
+        "--max-chars", type=positive_int, help="--source python: characters per chunk, at most (default: 2000)"
     )
     data.add_argument("--max-prompt-chars", type=non_negative_int, default=1000, help="skip openings longer")
     data.add_argument("--min-prompt-chars", type=non_negative_int, default=0, help="skip openings shorter")
-    data.add_argument("--skip", type=non_negative_int, default=0, help="skip this many conversations first")
+    data.add_argument(
+        "--skip", type=non_negative_int, default=0, help="skip this many conversations (or code chunks) first"
+    )
     data.add_argument(
         "--topic",
         action="append",
@@ -109,12 +112,19 @@ def _add_data_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _check_data(args: argparse.Namespace) -> None:
     if args.source == "python":
-        conversational = {"--whole": args.whole, "--topic": args.topic, "--skip": args.skip}
+        conversational = {"--whole": args.whole, "--topic": args.topic}
         if given := [name for name, value in conversational.items() if value]:
             raise ValueError(f"{', '.join(given)} select conversations: drop them with --source python")
         if args.max_prompt_chars != 1000 or args.min_prompt_chars:
             raise ValueError("--min/--max-prompt-chars bound conversations' openings: use --max-chars with code")
+        if args.max_chars is not None and args.max_chars < MIN_CHUNK_CHARS:
+            raise ValueError(
+                f"--max-chars {args.max_chars}: chunks under {MIN_CHUNK_CHARS} characters are dropped; "
+                "use at least that"
+            )
         return
+    if args.max_chars is not None:
+        raise ValueError("--max-chars sizes code chunks: add --source python, or drop it")
     if args.min_prompt_chars > args.max_prompt_chars:
         raise ValueError(
             f"--min-prompt-chars {args.min_prompt_chars} is above --max-prompt-chars {args.max_prompt_chars}: "
@@ -129,7 +139,8 @@ def _run_data(args: argparse.Namespace) -> int:
         yield from prompts.sharegpt_v3_conversations()[args.skip :]
 
     if args.source == "python":
-        selected = code_records(python_roots(), args.n, args.max_chars, min_ascii=args.min_ascii)
+        chunks = code_records(python_roots(), args.n + args.skip, args.max_chars or 2000, min_ascii=args.min_ascii)
+        selected = itertools.islice(chunks, args.skip, None)
         what = "code chunks"
     else:
         selected = select_conversations(

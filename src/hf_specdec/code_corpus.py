@@ -15,6 +15,9 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+MIN_CHUNK_CHARS = 200
+"""Chunks shorter than this are dropped by default (a file's tail of a few lines teaches little)."""
+
 SKIPPED_FOLDERS = frozenset({"__pycache__", "site-packages", "dist-packages"})
 """Folders not entered: caches, and the package folders inside the standard library's (listed on their own)."""
 
@@ -67,7 +70,7 @@ def _nonblank(text: str) -> Iterator[str]:
 
 
 def code_records(
-    roots: Iterable[Path], n: int, max_chars: int = 2000, min_chars: int = 200, min_ascii: float = 0.97
+    roots: Iterable[Path], n: int, max_chars: int = 2000, min_chars: int = MIN_CHUNK_CHARS, min_ascii: float = 0.97
 ) -> Iterator[dict[str, str]]:
     """The first `n` chunks (`{"text", "source"}` records, `source` the file under its root and the chunk's number)
     of the Python files

@@ -44,6 +44,12 @@ def labels_from_base(labels: torch.Tensor, last_states: torch.Tensor, lm_head: t
     lm_head runs only one position before each labelled one, the positions whose prediction becomes a label."""
     predicts = torch.zeros_like(labels, dtype=torch.bool)
     predicts[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    states = last_states[predicts].to(lm_head.weight.dtype)
+    # In slices of positions: a batch's logits over a large vocabulary at once would take gigabytes.
+    chosen = [lm_head(part).argmax(dim=-1) for part in states.split(_POSITIONS_AT_ONCE)]
     predictions = torch.zeros_like(labels)
-    predictions[predicts] = lm_head(last_states[predicts].to(lm_head.weight.dtype)).argmax(dim=-1)
+    predictions[predicts] = torch.cat(chosen) if chosen else predictions[predicts]
     return base_labels(labels, predictions)
+
+
+_POSITIONS_AT_ONCE = 512

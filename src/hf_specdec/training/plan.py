@@ -54,8 +54,8 @@ class TrainingPlan:
     def __str__(self) -> str:
         lines = [
             f"Plan (a dry run: nothing trained or written; each stage timed on one batch here, on {self.device}):",
-            f"  data: {self.examples:,} examples ({self.train_examples:,} to train on, {self.eval_examples:,} held "
-            f"out), {self.tokens:,} tokens, {self.labelled_tokens:,} of them labelled",
+            f"  data: {self.examples:,} examples, {self.tokens:,} tokens ({self.labelled_tokens:,} labelled); "
+            f"{self.train_examples:,} to train on, {self.eval_examples:,} to evaluate on",
         ]
         for stage in self.stages:
             cost = "" if stage.seconds is None else f": {_minutes(stage.seconds)}"
@@ -70,6 +70,8 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     Token counts of data the base is to write (`--self_distill`) are upper bounds: prompts plus
     `distill_max_new_tokens` each (replies can stop earlier).
     """
+    if config.lora:
+        raise ValueError("--dry_run plans runs whose base is frozen; with --lora it trains: drop one.")
     base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
     drop_quantization_flags(base)
     base.to(training_args.device)
@@ -95,25 +97,31 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     steps = training_args.max_steps
     if steps <= 0:
         steps = math.ceil(math.ceil((examples - held_out) / per_step) * training_args.num_train_epochs)
-    plan = TrainingPlan(examples, examples - held_out, held_out, sum(lengths), sum(labelled), steps)
+    evaluated = len(_records(config, config.eval_data, None)) if config.eval_data else held_out
+    plan = TrainingPlan(examples, examples - held_out, evaluated, sum(lengths), sum(labelled), steps)
     plan.device = str(base.device)
     shape = (int(statistics.median(lengths)), int(statistics.median(labelled)))
     model = _heads(config, base)
     if config.self_distill:
         plan.stages.append(_self_distill_stage(config, base, tokenizer, prompts, training_args.world_size))
+    if config.eval_data and (config.self_distill or config.eval_self_distill):
+        held = _records(config, config.eval_data, None)
+        eval_prompts = [m for r in held if (m := prompt_messages(r, config.messages_column))]
+        stage = _self_distill_stage(config, base, tokenizer, eval_prompts, training_args.world_size)
+        plan.stages.append(Stage(f"{stage.name} of --eval_data", stage.work, stage.seconds))
     if config.cache_hidden_states and not config.self_distill:
         rate = _states_seconds_per_token(model, shape, training_args)
         plan.stages.append(Stage("hidden states", f"cached once, {plan.tokens:,} tokens", rate * plan.tokens))
     cached = config.cache_hidden_states
-    step = _step_seconds(model, shape, training_args, cached)
+    settings = {"soft_targets": config.soft_targets, "relabel_with_base": config.relabel_with_base and not cached}
+    step = _step_seconds(model, shape, training_args, cached, settings)
     where = "from cached states" if cached else "the base's states computed in each step"
     plan.stages.append(
         Stage("training", f"{steps:,} steps of {per_step} examples, {where}, {step:.2f} s a step", step * steps)
     )
-    evaluated = len(_records(config, config.eval_data, None)) if config.eval_data else held_out
     if evaluated:
         batches = math.ceil(evaluated / (training_args.per_device_eval_batch_size * training_args.world_size))
-        seconds = _step_seconds(model, shape, training_args, cached, train=False) * batches
+        seconds = _step_seconds(model, shape, training_args, cached, settings, train=False) * batches
         plan.stages.append(Stage("evaluation", f"{evaluated:,} examples", seconds))
     return plan
 
@@ -166,6 +174,7 @@ def _step_seconds(
     shape: tuple[int, int],
     training_args: TrainingArguments,
     cached: bool,
+    settings: dict[str, bool],
     train: bool = True,
     repeats: int = 1,
 ) -> float:
@@ -179,7 +188,7 @@ def _step_seconds(
     for _ in range(repeats + 1):  # the first one warms up
         start = time.perf_counter()
         with _autocast(model, training_args), torch.set_grad_enabled(train):
-            out = model(**batch, soft_targets=True, rank_top_k=0 if train else TOP_K)
+            out = model(**batch, **settings, rank_top_k=0 if train else TOP_K)
         if train:
             out["loss"].backward()
             optimizer.step()
