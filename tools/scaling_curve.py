@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -71,7 +72,16 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(a, (0, width - a.numel())) + torch.nn.functional.pad(b, (0, width - b.numel()))
 
 
-def plot(points: list[dict], path: Path, title: str) -> None:
+def log_linear_fit(tokens: list[float], values: list[float]) -> tuple[float, float]:
+    """`(a, b)` of the least-squares line `value = a + b * ln(tokens)`."""
+    logs = [math.log(t) for t in tokens]
+    mean_log, mean_value = sum(logs) / len(logs), sum(values) / len(values)
+    spread = sum((x - mean_log) ** 2 for x in logs)
+    slope = sum((x - mean_log) * (y - mean_value) for x, y in zip(logs, values, strict=True)) / spread
+    return mean_value - slope * mean_log, slope
+
+
+def plot(points: list[dict], path: Path, title: str, gpu_tokens: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,6 +96,14 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     left.legend()
     for tree in points[0]["decoding"]:
         right.plot(tokens, [p["decoding"][tree]["tau"] for p in points], marker="o", label=f"decoding, {tree}")
+    if len(points) >= 3:  # the first tree's decoding tau, extended on its log-linear fit to a GPU-scale run's data
+        first = next(iter(points[0]["decoding"]))
+        a, b = log_linear_fit([p["tokens"] for p in points], [p["decoding"][first]["tau"] for p in points])
+        reach = a + b * math.log(gpu_tokens)
+        label = f"log-linear fit, extended: {reach:.2f} at {gpu_tokens / 1e6:,.0f}M tokens"
+        fitted = [a + b * math.log(points[-1]["tokens"]), reach]
+        right.plot([tokens[-1], gpu_tokens / 1e6], fitted, linestyle=":", color="gray", label=label)
+        right.axvline(gpu_tokens / 1e6, color="gray", linewidth=0.5)
     right.plot(tokens, [p["expected_tau"] for p in points], marker="s", linestyle="--", label="expected (16 nodes)")
     right.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="tau (tokens per target forward)")
     right.set(title="tau")
@@ -108,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, required=True, help="JSON file of the points")
     parser.add_argument("--plot", type=Path, help="PNG of the curve")
+    parser.add_argument(
+        "--gpu-tokens", type=float, default=1e8, help="tokens of a GPU-scale run, where the plot extends its fit"
+    )
     args = parser.parse_args(argv)
     base, tokenizer = load_model(args.base, dtype=torch.bfloat16)
     evaluation = tokenize_records(load_records(args.eval_data), tokenizer, args.max_length)
@@ -135,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         points = sorted([*points, point], key=lambda p: p["step"])
         args.out.write_text(json.dumps(points, indent=1))
     if args.plot is not None and points:
-        plot(points, args.plot, f"EAGLE-3 heads for {args.base}: held-out and decoding acceptance against data")
+        title = f"EAGLE-3 heads for {args.base}: held-out and decoding acceptance against data"
+        plot(points, args.plot, title, args.gpu_tokens)
     return 0
 
 
