@@ -1,0 +1,67 @@
+"""Every recipe script's commands take the arguments they give: the training recipe's (options and their checks),
+`hf-specdec`'s, and the scaling tool's, parsed by the real parsers (the runs themselves take minutes to hours)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from transformers import HfArgumentParser, TrainingArguments
+
+from hf_specdec.cli import build_parser
+from hf_specdec.training import MedusaTrainingConfig
+
+RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.sh"))
+VALUES = {"out": "heads/x", "data": "heads/x/data", "1": "heads/x"}
+
+
+def commands(script: Path) -> list[list[str]]:
+    """The script's commands, continuation lines joined, shell variables given values, `$(dirname "$0")` the
+    recipes folder; `pick` arrays expanded."""
+    text = re.sub(r"\\\n\s*", " ", script.read_text())
+    arrays = dict(re.findall(r"^(\w+)=\((.*)\)$", text, re.M))
+    result = []
+    for line in text.splitlines():
+        line = line.split(" #")[0].strip()
+        if line.startswith("[ -s") and "||" in line:  # `[ -s FILE ] || command`: the command
+            line = line.split("||", 1)[1].strip()
+        skipped = ("#", "set ", "mkdir", "if ", "fi", "echo", "head ", "tail ")
+        if not line or line.startswith(skipped) or "=" in line.split()[0]:
+            continue
+        line = line.replace('$(dirname "$0")', "recipes")
+        for name, value in arrays.items():
+            line = line.replace(f'"${{{name}[@]}}"', value)
+        line = re.sub(r"\$\{(\w+)(?::-[^}]*)?\}|\$(\w+)", lambda m: VALUES[m.group(1) or m.group(2)], line)
+        result.append(shlex.split(line))
+    return result
+
+
+def _scaling_tool_parser():
+    spec = importlib.util.spec_from_file_location("scaling_curve", RECIPES[0].parent.parent / "tools/scaling_curve.py")
+    assert spec is not None and spec.loader is not None
+    return spec
+
+
+@pytest.mark.parametrize("script", RECIPES, ids=lambda path: path.name)
+def test_recipe_commands_parse(script: Path, monkeypatch) -> None:
+    ran = []
+    for argv in commands(script):
+        if argv[0] == "hf-specdec":
+            args = build_parser().parse_args(argv[1:])
+            args.check(args)
+        elif argv[:2] == ["python", "recipes/train_medusa.py"]:
+            HfArgumentParser((MedusaTrainingConfig, TrainingArguments)).parse_args_into_dataclasses(args=argv[2:])
+        elif argv[:2] == ["python", "recipes/../tools/scaling_curve.py"]:
+            spec = _scaling_tool_parser()
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            monkeypatch.setattr(module, "load_model", lambda *a, **k: (_ for _ in ()).throw(SystemExit("parsed")))
+            with pytest.raises(SystemExit, match="parsed"):
+                module.main(argv[2:])
+        else:
+            raise AssertionError(f"{script.name}: no rule for {argv}")
+        ran.append(argv[0] if argv[0] != "python" else argv[1])
+    assert "recipes/train_medusa.py" in ran
