@@ -677,6 +677,19 @@ DOCUMENTED = [
         lambda: _training("share_lm_head") is None and _share_lm_head_by_default(),
     ),
     Documented("training.md", r"\| `--tree_nodes` \| node budget \((\d+)\)", lambda: _training("tree_nodes")),
+    Documented(
+        "training.md",
+        r"default keeps the first exchange",
+        lambda: __import__("hf_specdec.cli").cli.build_parser().parse_args(["data", "--out", "x.jsonl"]).whole is False,
+    ),
+    Documented(
+        "training.md",
+        r"\(`--eval_fraction` then defaults to 0\)",
+        lambda: (
+            __import__("hf_specdec.training").training.MedusaTrainingConfig("b", "d", eval_data="e").eval_fraction
+            == 0.0
+        ),
+    ),
     Documented("training.md", r"\| `--head_decay` \| .*?\((\d\.\d+)\) \|", lambda: _training("head_decay")),
     Documented(
         "training.md",
