@@ -32,8 +32,10 @@ def trained_on(checkpoint: Path, tokens_per_example: float) -> dict[str, float]:
     """Examples and tokens a checkpoint has trained on, from Trainer's state and arguments (a step is the batch
     of every process, times the gradient accumulation)."""
     state = json.loads((checkpoint / "trainer_state.json").read_text())
-    args = torch.load(checkpoint / "training_args.bin", weights_only=False)
-    examples = state["global_step"] * state["train_batch_size"] * args.gradient_accumulation_steps * args.world_size
+    examples = state["global_step"] * state["train_batch_size"]
+    if (saved := checkpoint / "training_args.bin").exists():
+        args = torch.load(saved, weights_only=False)
+        examples *= args.gradient_accumulation_steps * args.world_size
     tokens = state.get("num_input_tokens_seen") or examples * tokens_per_example
     if not tokens:
         raise SystemExit(f"{checkpoint} has no count of tokens seen: pass the run's data as --train-data.")

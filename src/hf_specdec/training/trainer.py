@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer
+from transformers.trainer import TRAINING_ARGS_NAME
 
 from hf_specdec.medusa.model import ADAPTER_FOLDER, WEIGHTS_NAME, MedusaForCausalLM
 from hf_specdec.training.metrics import TOP_K, HeadMetrics
@@ -114,7 +115,9 @@ class MedusaTrainer(Trainer):
         saves only; `state_dict` is the whole model's when FSDP or DeepSpeed gathered it."""
         if not self.args.should_save:
             return
-        self.medusa.save_pretrained(output_dir or self.args.output_dir, state_dict=state_dict)
+        folder = output_dir or self.args.output_dir
+        self.medusa.save_pretrained(folder, state_dict=state_dict)
+        torch.save(self.args, Path(folder) / TRAINING_ARGS_NAME)  # as Trainer's own checkpoints keep them
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """Load the heads (and adapters) of a checkpoint this trainer saved; Trainer then restores the optimizer,
