@@ -247,17 +247,23 @@ def test_recipe_end_to_end(tmp_path: Path, self_distilled: bool) -> None:
     assert model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=5, medusa=True).shape == (1, 8)
 
 
+def _base_with_train_and_eval_data(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A tiny base folder (with the tiny tokenizer), 16 training conversations and 6 others to evaluate on."""
+    base_dir = tmp_path / "base"
+    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
+    tiny_tokenizer().save_pretrained(base_dir)
+    train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("\n".join(json.dumps(r) for r in _conversations(16)))
+    held_out.write_text("\n".join(json.dumps(r) for r in _conversations(6, seed=1)))
+    return base_dir, train, held_out
+
+
 def test_recipe_evaluates_on_eval_data_with_labels_from_the_base(tmp_path: Path) -> None:
     """`--eval_data` is the held-out set (nothing of `--data` is held out), and `--relabel_with_base` without a
     cache labels both in the step: the recipe's measurements are those of the saved heads on that set, labelled
     with the base's choices."""
-    base_dir = tmp_path / "base"
-    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
+    base_dir, train, held_out = _base_with_train_and_eval_data(tmp_path)
     tokenizer = tiny_tokenizer()
-    tokenizer.save_pretrained(base_dir)
-    train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
-    train.write_text("\n".join(json.dumps(r) for r in _conversations(16)))
-    held_out.write_text("\n".join(json.dumps(r) for r in _conversations(6, seed=1)))
     out = tmp_path / "heads"
     recipe_main()(
         [
@@ -279,13 +285,8 @@ def test_recipe_evaluates_on_eval_data_with_labels_from_the_base(tmp_path: Path)
 def test_recipe_evaluates_on_the_bases_own_replies_to_eval_data(tmp_path: Path) -> None:
     """`--eval_self_distill`: the base writes `--eval_data`'s replies (kept apart from the training data, which is
     not generated), and the recorded measurements are the heads' on those replies."""
-    base_dir = tmp_path / "base"
-    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(base_dir)
+    base_dir, train, held_out = _base_with_train_and_eval_data(tmp_path)
     tokenizer = tiny_tokenizer()
-    tokenizer.save_pretrained(base_dir)
-    train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
-    train.write_text("\n".join(json.dumps(r) for r in _conversations(16)))
-    held_out.write_text("\n".join(json.dumps(r) for r in _conversations(6, seed=1)))
     out = tmp_path / "heads"
     recipe_main()(
         [
