@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -175,3 +176,90 @@ def test_a_draft_models_chain_costs_the_host_at_most_half_again_plains_operation
     assert constant.ops_relative <= 1.5, constant
     assert adaptive.ops_relative <= 1.5, adaptive
     assert lookup.ops_relative <= 1.5, lookup
+
+
+# --- whole calls with the arguments users pass ----------------------------------------------------------------------
+
+# The argument families of `GenerationConfig` that make the loop score prefixes or stop rows itself.
+FAMILIES = {
+    "lengths": dict(min_new_tokens=NEW_TOKENS),
+    "stop strings": dict(stop_strings=["zz", "qqq"]),
+    "eos list": dict(eos_token_id=[3, 5]),
+    "processors": dict(repetition_penalty=1.3, bad_words_ids=[[7, 8]], min_length=30),
+    "together": dict(min_new_tokens=NEW_TOKENS, stop_strings=["zz"], eos_token_id=[3, 5], repetition_penalty=1.3),
+}
+# Reads per target forward over a whole call (batch 1, a perfect draft): plain decoding reads about once.
+BOUNDS = {"assistant constant": 2.2, "lookup": 2.2, "draft tree": 6.0, "medusa": 2.2}
+
+
+def _whole_call(path: str, family: str, batch: int = 1, streamer: Any = None) -> tuple[int, int, torch.Tensor]:
+    """(host reads, target forwards, sequences) of one greedy call on `path` with the `family`'s arguments: a tiny
+    Llama, its exact twin as the draft (every draft accepted: the fewest forwards, so reads weigh the most)."""
+    from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+    from tests.fuzz_cases import tokenizer
+    from tests.tiny_models import ragged_batch, tiny_target
+
+    ids, mask = ragged_batch(batch, seed=1)
+    arguments = dict(FAMILIES[family])
+    if "stop_strings" in arguments:
+        arguments["tokenizer"] = tokenizer()
+    target = tiny_target("llama")
+    counted = target
+    settings: dict[str, Any] = {
+        "assistant constant": dict(
+            assistant=tiny_target("llama"), num_assistant_tokens=4, num_assistant_tokens_schedule="constant"
+        ),
+        "lookup": dict(prompt_lookup_num_tokens=4),
+        "draft tree": dict(assistant=tiny_target("llama"), tree=8),
+        "medusa": dict(medusa=True),
+        "plain": {},
+    }[path]
+    if path != "plain":  # fixed costs: every step drafts, whatever this machine's timings
+        settings["speculative_costs"] = SpeculativeCosts(0.001, 0.001)
+    if path == "medusa":
+        target = MedusaForCausalLM.from_base(target, MedusaConfig(num_heads=3))
+    forwards = _count_draft_forwards(counted)
+
+    def call() -> Any:
+        return target.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, streamer=streamer,
+            return_dict_in_generate=True, **arguments, **settings,
+        )  # fmt: skip
+
+    call()  # warm
+    forwards[0] = 0
+    with count_host_reads() as reads:
+        out = call()
+    return sum(reads.values()), forwards[0], out.sequences
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("path", list(BOUNDS))
+def test_a_whole_call_reads_about_once_per_target_forward_whatever_the_arguments(path: str, family: str) -> None:
+    reads, forwards, sequences = _whole_call(path, family)
+    _, _, plain = _whole_call("plain", family)
+    assert torch.equal(sequences, plain)  # the same tokens as plain decoding, with these arguments
+    assert forwards >= 5
+    assert reads <= BOUNDS[path] * forwards, (reads, forwards)
+
+
+def test_a_streamer_costs_no_device_read() -> None:
+    """Each step hands the streamer its tokens as a tensor built on the host from the step's one read, waiting
+    for no device; the one read a streamer adds is the prompt `generate()` hands it once per call."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Recorder(BaseStreamer):
+        def __init__(self) -> None:
+            self.values: list[torch.Tensor] = []
+
+        def put(self, value: torch.Tensor) -> None:
+            self.values.append(value)
+
+        def end(self) -> None:
+            pass
+
+    streamer = Recorder()
+    with_streamer, forwards, _ = _whole_call("assistant constant", "together", streamer=streamer)
+    without, _, _ = _whole_call("assistant constant", "together")
+    assert with_streamer <= without + 1
+    assert all(value.device.type == "cpu" for value in streamer.values) and len(streamer.values) > forwards

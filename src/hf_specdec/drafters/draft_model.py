@@ -213,8 +213,10 @@ class DraftModelDrafter(ChainDrafter):
         # Rows whose processors rule out every token the draft can propose stop drafting there: their later
         # positions are filler, never shown to the processors and never accepted. Only a draft that cannot score
         # every id, or processors that read the prefix (constraints), can leave a row nothing; otherwise this
-        # bookkeeping (and the device waits it costs) is skipped.
+        # bookkeeping is skipped. Processors that take any prefix are shown every row, cut or not, and the host
+        # reads nothing to choose which (`exact` otherwise: one read per draft position).
         track = self.scores_fewer_ids or not self.processors.prefix_free
+        exact = track and not self.processors.any_prefix
         lengths = torch.full((ids.shape[0],), num_tokens, dtype=torch.long, device=target_device)
         lengths_now = buffer.active_lengths
         # Where the draft's own tokens go: drafted token j at the position after it (all of them real).
@@ -226,9 +228,9 @@ class DraftModelDrafter(ChainDrafter):
             )
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
             if track:
-                scores, lengths = self._score_drafting_rows(buffer, logits, lengths, j)
+                scores, lengths = self._score_drafting_rows(buffer, logits, lengths, j, exact)
             elif self.processors.processors:
-                scores = self.processors(buffer, buffer.active, lengths_now + j, logits)[:, 0]
+                scores = self.processors(buffer, buffer.active, lengths_now + j, logits)[:, 0]  # prefix-free
             else:  # nothing to process
                 scores = logits.view(logits.shape[0], logits.shape[2])
             if self.do_sample:
@@ -244,7 +246,7 @@ class DraftModelDrafter(ChainDrafter):
                 if buffer.eos is not None:
                     ended |= torch.isin(token, buffer.eos)
                 lengths = torch.where(ended, lengths.clamp_max(j + 1), lengths)
-            if j + 1 == num_tokens or (track and not bool((lengths > j + 1).any())):
+            if j + 1 == num_tokens or (exact and not bool((lengths > j + 1).any())):
                 break
             if policy.may_stop:  # rows that stopped drafting gain nothing from another draft: confidence 0
                 confidence = q if self.do_sample else torch.softmax(scores, dim=-1)
@@ -258,7 +260,7 @@ class DraftModelDrafter(ChainDrafter):
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
         q = torch.stack(probs, dim=1) if self.do_sample else None
         k = draft_tokens.shape[1]
-        if not track or bool((lengths >= k).all()):
+        if not track or (exact and bool((lengths >= k).all())):
             return Chain(draft_tokens, q=q, forwards=k)
         return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k)
 
@@ -283,15 +285,20 @@ class DraftModelDrafter(ChainDrafter):
         self.pending = self.pending_count = self._last_drafts = None
 
     def _score_drafting_rows(
-        self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int
+        self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int, exact: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Processed scores `(A, V)` at draft position j for the rows still drafting (`lengths > j`), and the
-        lengths with the rows the processors leave nothing cut at j (their scores: zeros, any filler token)."""
-        drafting = (lengths > j).nonzero(as_tuple=True)[0]  # (D,)
-        scores = logits[:, 0].clone()
-        scores[drafting] = self.processors(
-            buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
-        )[:, 0]
+        lengths with the rows the processors leave nothing cut at j (their scores: zeros, any filler token).
+        Unless `exact`, the processors score every row (they take any prefix) and the host reads nothing."""
+        if exact:
+            drafting = (lengths > j).nonzero(as_tuple=True)[0]  # (D,)
+            scores = logits[:, 0].clone()
+            scores[drafting] = self.processors(
+                buffer, buffer.active[drafting], buffer.active_lengths[drafting] + j, logits[drafting]
+            )[:, 0]
+        else:
+            host_lengths = [length + j for length in buffer.active_host_lengths]
+            scores = self.processors(buffer, buffer.active, buffer.active_lengths + j, logits, host_lengths)[:, 0]
         scores = scores.masked_fill(torch.isnan(scores), float("-inf"))  # a draft never proposes a nan's token
         stopped = torch.isneginf(scores).all(dim=-1) | (lengths <= j)  # (A,) nothing left
         lengths = torch.where(stopped, lengths.clamp_max(j), lengths)

@@ -37,7 +37,7 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
-from hf_specdec.generation.processing import RaggedLogitsProcessor
+from hf_specdec.generation.processing import RaggedLogitsProcessor, score_nodes
 from hf_specdec.generation.readback import HostReads
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree
@@ -283,6 +283,9 @@ class _Growth:
             self.alive &= ~torch.isin(self.paths[..., -1], buffer.eos)
         if processors.prefix_free:
             scores = processors(buffer, buffer.active, lengths, logits)  # prefix-free: positions do not matter
+        elif processors.any_prefix:  # every node scored, none read back (ruled-out ones are masked below)
+            depths = [[self.depth] * width] * logits.shape[0]
+            scores = score_nodes(processors, buffer, self.paths, depths, logits)
         else:
             scores = logits.clone()
             for f in range(width):

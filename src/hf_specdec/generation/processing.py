@@ -18,19 +18,39 @@ stops. So processors and callbacks such as `prefix_allowed_tokens_fn` see the pr
 
 Processors must be functions of the prefix and the scores (transformers' own are, but for SynthID text
 watermarking, which counts its calls and is refused): they are called on drafted prefixes, and more than once
-per generated token.
+per generated token. transformers' own processors that read the prefix only to count its length, penalise
+its tokens or ban continuations (`min_new_tokens`, `repetition_penalty`, `no_repeat_ngram_size`,
+`bad_words_ids`, ...) can be shown any prefix: with them (`RaggedLogitsProcessor.any_prefix`) every drafted
+node is scored at once and the host reads nothing to choose which; the scores of nodes plain decoding would
+never reach are computed and never read.
+
+The host groups positions by prefix length from lengths it knows (`TokenBuffer.host_lengths`), so scoring
+reads nothing back from the device; given device lengths only, it reads them once.
 """
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
 
 import torch
 from transformers import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    ExponentialDecayLengthPenalty,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     InfNanRemoveLogitsProcessor,
     LogitNormalization,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
     SynthIDTextWatermarkLogitsProcessor,
     TemperatureLogitsWarper,
@@ -40,7 +60,7 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.generation.sequences import TokenBuffer, length_groups
 from hf_specdec.trees.row_trees import RowTrees
 
 # Processors whose output depends on the scores alone, not on the prefix they are called with.
@@ -56,6 +76,21 @@ _PREFIX_FREE = (
     SuppressTokensLogitsProcessor,
     LogitNormalization,
     InfNanRemoveLogitsProcessor,
+)
+
+# Processors that read the prefix, are pure functions of it and the scores, and take any prefix (one plain
+# decoding never shows included) without failing: drafts may be scored before it is known that they are reachable.
+_ANY_PREFIX = (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    ExponentialDecayLengthPenalty,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
 )
 
 # Processors that keep state from call to call, so that calling them on drafts changes what they do.
@@ -89,9 +124,16 @@ class RaggedLogitsProcessor:
         self.processors = processors
         # Exact types: a subclass may read the prefix.
         self.prefix_free = all(type(p) in _PREFIX_FREE for p in processors)
+        # Whether drafts may be scored without first checking that plain decoding could reach them.
+        self.any_prefix = all(type(p) in _PREFIX_FREE or type(p) in _ANY_PREFIX for p in processors)
 
     def __call__(
-        self, buffer: TokenBuffer, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor
+        self,
+        buffer: TokenBuffer,
+        rows: torch.Tensor,
+        lengths: torch.Tensor,
+        logits: torch.Tensor,
+        host_lengths: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Process logits at n consecutive positions of each row.
 
@@ -101,6 +143,8 @@ class RaggedLogitsProcessor:
             rows (`torch.LongTensor` of shape `(batch,)`): which rows of the buffer the logits belong to.
             lengths (`torch.LongTensor` of shape `(batch,)`): prefix length at the first of the n positions.
             logits (`torch.Tensor` of shape `(batch, n, vocab)`): raw scores, float32.
+            host_lengths (`Sequence[int]`, *optional*): `lengths` as the host knows them; without them, processors
+                that read the prefix cost one read of `lengths`.
 
         Returns:
             `torch.Tensor` of shape `(batch, n, vocab)`: the processed scores.
@@ -108,26 +152,87 @@ class RaggedLogitsProcessor:
         if not self.processors:
             return logits
         batch, n, vocab = logits.shape
+        if batch == 0:
+            return logits
         if self.prefix_free:
             flat = logits.reshape(batch * n, vocab)  # (B*n, V)
             dummy = buffer.tokens.new_zeros(batch * n, 1)  # these processors never read the prefix
             return self.processors(dummy, flat).reshape(batch, n, vocab)
-        prefix_lengths = lengths[:, None] + torch.arange(n, device=lengths.device)  # (B, n)
+        if host_lengths is None:
+            host_lengths = lengths.tolist()
         out = torch.empty_like(logits)
         full = logits.new_zeros(buffer.tokens.shape[0], vocab)  # (total_batch, V): every row at its own index
-        for length in torch.unique(prefix_lengths).tolist():
-            b, j = (prefix_lengths == length).nonzero(as_tuple=True)  # pairs whose prefix has this length
+        first = min(host_lengths)
+        groups = length_groups(tuple(length - first for length in host_lengths), n)
+        for offset, b_list, j_list in groups:
+            b = torch.tensor(b_list).to(logits.device, non_blocking=True)  # pairs whose prefix has this length
+            j = torch.tensor(j_list).to(logits.device, non_blocking=True)
             shown = rows[b]
             full[shown] = logits[b, j]
             # The other rows' scores are not read: they get a scored row's prefix and scores, so that a processor
             # only ever sees what some row really holds (a row's committed tokens followed by padding can be a
             # prefix plain decoding never shows, on which a processor may ban every token and a warper fail).
             others = torch.ones(full.shape[0], dtype=torch.bool, device=full.device).index_fill_(0, shown, False)
-            prefixes = buffer.prefixes(length, shown)
-            prefixes = torch.where(others[:, None], prefixes[shown[0]][None, :], prefixes)
-            scores = torch.where(others[:, None], full[shown[0]][None, :], full)
+            prefixes = buffer.prefixes(first + offset, shown)
+            prefixes = torch.where(others[:, None], prefixes.index_select(0, shown[:1]), prefixes)
+            scores = torch.where(others[:, None], full.index_select(0, shown[:1]), full)
             out[b, j] = self.processors(prefixes, scores)[shown]
         return out
+
+
+def score_nodes(
+    processors: RaggedLogitsProcessor,
+    buffer: TokenBuffer,
+    paths: torch.Tensor,
+    depths: list[list[int]],
+    logits: torch.Tensor,
+) -> torch.Tensor:
+    """Processed scores `(active, nodes, vocab)` after every node of each active row, for processors that take
+    any prefix (`any_prefix`): their state per row indexed by the rows shown (`for_rows`), the prefixes of any
+    rows and nodes that have the same length are scored in one call. Reads nothing from the device.
+
+    Args:
+        paths (`torch.LongTensor` of shape `(active, nodes, D)`): the drafted tokens from the root's child to each
+            node (the first `depths[b][n]` of them are read).
+        depths (`list[list[int]]`): each node's depth, as host values.
+        logits (`torch.Tensor` of shape `(active, nodes, vocab)`): raw scores after each node.
+    """
+    out = torch.empty_like(logits)
+    device, width = logits.device, paths.shape[2]
+    committed = buffer.active_host_lengths
+    groups: dict[int, tuple[list[int], list[int], list[int]]] = {}
+    for b, (length, row) in enumerate(zip(committed, depths, strict=True)):
+        for n, depth in enumerate(row):
+            rows, columns, cut = groups.setdefault(length + depth, ([], [], []))
+            rows.append(b)
+            columns.append(n)
+            cut.append(depth)
+    steps = torch.arange(width, device=device)
+    for length, (rows, columns, cut) in groups.items():
+        b = torch.tensor(rows).to(device, non_blocking=True)
+        n = torch.tensor(columns).to(device, non_blocking=True)
+        depth = torch.tensor(cut).to(device, non_blocking=True)
+        # The row's committed tokens, then the node's path; a spare last column takes the path's unread tail.
+        prefixes = buffer.tokens[buffer.active[b], : length + 1].clone()  # (G, length + 1)
+        where = torch.where(steps < depth[:, None], buffer.lengths[buffer.active[b]][:, None] + steps, length)
+        prefixes.scatter_(1, where, paths[b, n])
+        shown = for_rows(processors.processors, buffer.active[b])
+        out[b, n] = shown(prefixes[:, :length], logits[b, n])
+    return out
+
+
+def for_rows(processors: LogitsProcessorList, rows: torch.Tensor) -> LogitsProcessorList:
+    """`processors` as they apply to the batch's `rows` `(G,)` (original indices, any order, repeats allowed)
+    alone: the per-row state a processor that takes any prefix keeps (the repetition penalty's left padding to
+    ignore) is indexed by `rows`; the processors are shallow copies, the originals are left as they are."""
+    out = []
+    for processor in processors:
+        ignored = getattr(processor, "prompt_ignore_length", None)
+        if type(processor) is RepetitionPenaltyLogitsProcessor and isinstance(ignored, torch.Tensor):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = ignored.to(rows.device)[rows]
+        out.append(processor)
+    return LogitsProcessorList(out)
 
 
 def verification_scores(
@@ -137,17 +242,30 @@ def verification_scores(
     logits: torch.Tensor,
     trees: RowTrees,
     do_sample: bool,
+    chain: bool = False,
 ) -> torch.Tensor:
     """The target's processed scores `(active, nodes, vocab)` after every node of each active row's tree.
 
     Node 0 is the root (the row's last committed token); a node's prefix is the row's committed tokens and the
-    drafted tokens on its path. Processors that read only the scores run once over all nodes. The others run
+    drafted tokens on its path. Processors that read only the scores run once over all nodes; processors that
+    take any prefix run once per prefix length over every node (`score_nodes`; `chain`: node i at depth i,
+    which a tree would read from the device). The others run
     depth by depth over the nodes that could still be accepted (module docstring); the nodes they never
     reach keep their raw `logits`, which no acceptance rule reads: a node is accepted only when its parent's
     scores allow its token.
     """
     if processors.prefix_free:
         return processors(buffer, buffer.active, buffer.active_lengths, logits)
+    if processors.any_prefix:
+        batch, num_nodes = nodes.shape
+        if chain:  # node i at depth i, its path the drafts before it
+            depths = [list(range(num_nodes))] * batch
+            paths = nodes[:, None, 1:].expand(batch, num_nodes, num_nodes - 1)
+        else:  # a tree's shape: one read (none for a static tree's later steps)
+            depths = trees.host_depths
+            on_path = trees.paths[:, :, 1:].clamp_min(0)  # (A, N, D)
+            paths = nodes.gather(1, on_path.reshape(batch, -1)).reshape(on_path.shape)
+        return score_nodes(processors, buffer, paths, depths, logits)
     scores = logits.clone()
     lengths = buffer.active_lengths
     # Plain decoding scores no prefix past the length limit, and none after an EOS (the row stops there).

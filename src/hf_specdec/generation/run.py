@@ -172,7 +172,7 @@ class DecodingRun:
         if self.capacity is not None and wants_compile(self.model, self.target.cache, config):
             self.target.compile(config)  # as plain `generate()` compiles its decoding steps
         logits = out.logits[:, -1:].float()
-        scores = self.processors(buffer, buffer.active, buffer.active_lengths, logits)  # (B, 1, V)
+        scores = self.processors(buffer, buffer.active, buffer.active_lengths, logits, buffer.host_lengths)
         first = choose_token(scores[:, 0], self.do_sample, self.generator)  # (B,)
         self.drafter.prefill(input_ids, valid, positions)
         emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
@@ -218,7 +218,9 @@ class DecodingRun:
             nodes, trees.real, positions, trees.ancestors, output_hidden_states=self.hidden_states
         )
         logits = out.logits.float()
-        scores = verification_scores(self.processors, self.buffer, nodes, logits, trees, self.do_sample)
+        scores = verification_scores(
+            self.processors, self.buffer, nodes, logits, trees, self.do_sample, chain=proposal.chain
+        )
         return Verified(logits, scores, self._drafter_states(out))
 
     def _drafter_states(self, out: CausalLMOutputWithPast) -> torch.Tensor | None:

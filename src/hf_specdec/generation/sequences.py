@@ -12,9 +12,20 @@ length at which the last row stopped.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StopStringCriteria,
+)
+
+# Stopping criteria that are pure functions of the prefix (or of the clock) and take any prefix: they may be
+# called on drafted tokens past where a row stops, whose answers are never read, so that the host reads nothing.
+_ANY_PREFIX = (StopStringCriteria, MaxTimeCriteria)
 
 
 class TokenBuffer:
@@ -58,6 +69,7 @@ class TokenBuffer:
         self.criteria = StoppingCriteriaList(
             c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))
         )
+        self._criteria_any_prefix = all(type(c) in _ANY_PREFIX for c in self.criteria)
         # Plain `generate()` pads stopped rows only when some criterion knows an EOS id.
         self.pads_stopped_rows = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
         pad = getattr(generation_config, "_pad_token_tensor", None)  # set by `generate()`
@@ -152,6 +164,8 @@ class TokenBuffer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Call the stopping criteria after each new token of the `running` rows, in order; returns the counts
         cut after the first token that stops a row, and which rows stopped."""
+        if self._criteria_any_prefix and scores is not None:
+            return self._apply_criteria_everywhere(counts, scores, running)
         counts = counts.clone()
         stopped = torch.zeros_like(counts, dtype=torch.bool)
         for j in range(int(counts.max())):
@@ -164,6 +178,31 @@ class TokenBuffer:
                 counts[group[hit]] = j + 1
                 stopped[group[hit]] = True
         return counts, stopped
+
+    def _apply_criteria_everywhere(
+        self, counts: torch.Tensor, scores: torch.Tensor, running: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_apply_criteria` for criteria that take any prefix: called after every new token of every row, grouped
+        by prefix lengths the host knows; the answers past a row's count are dropped. Reads nothing."""
+        active, m = self.active, scores.shape[1]
+        hits = torch.zeros(counts.shape[0], m, dtype=torch.bool, device=counts.device)  # (A, m)
+        host = self.active_host_lengths
+        first = min(host)
+        for offset, rows, positions in length_groups(tuple(length - first for length in host), m):
+            b = torch.tensor(rows).to(counts.device, non_blocking=True)
+            j = torch.tensor(positions).to(counts.device, non_blocking=True)
+            hit = self.criteria(self.tokens[active[b], : first + offset + 1], scores[b, j])
+            hits[b, j] = hit.to(counts.device)
+        offsets = torch.arange(m, device=counts.device)[None, :]
+        hits &= (offsets < counts[:, None]) & running[:, None]
+        first_hit = torch.where(hits, offsets, m).min(dim=1).values  # (A,)
+        stopped = first_hit < m
+        return torch.where(stopped, first_hit + 1, counts), stopped
+
+    @property
+    def active_host_lengths(self) -> list[int]:
+        """The active rows' lengths as the host knows them (`active_lengths` without reading the device)."""
+        return [self.host_lengths[row] for row in self.active_rows]
 
     @property
     def least_advanced(self) -> int:
@@ -211,3 +250,16 @@ class TokenBuffer:
         columns = torch.arange(width, device=out.device)[None, :]
         out[columns >= self.lengths[:, None]] = pad_token_id
         return out
+
+
+@lru_cache(maxsize=256)
+def length_groups(offsets: tuple[int, ...], n: int) -> list[tuple[int, list[int], list[int]]]:
+    """The pairs (row b, position j) of `n` positions after rows whose prefixes start `offsets` after the
+    shortest, grouped by prefix length: `(length - shortest, rows, positions)`, shortest first."""
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for b, offset in enumerate(offsets):
+        for j in range(n):
+            rows, positions = groups.setdefault(offset + j, ([], []))
+            rows.append(b)
+            positions.append(j)
+    return [(length, *groups[length]) for length in sorted(groups)]

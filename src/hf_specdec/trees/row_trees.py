@@ -101,11 +101,24 @@ class RowTrees:
         children = torch.where(nodes + 1 < num_nodes, nodes + 1, -1)[:, None]  # (N, 1)
         ancestors = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=device).tril()
         real = torch.ones(num_nodes, dtype=torch.bool, device=device)
-        return cls(nodes[None] - 1, nodes[None], ancestors[None], paths[None], children[None], real[None])
+        chain = cls(nodes[None] - 1, nodes[None], ancestors[None], paths[None], children[None], real[None])
+        chain.__dict__["host_depths"] = [list(range(num_nodes))]  # node i at depth i: nothing to read
+        return chain
 
     def expand(self, batch: int) -> RowTrees:
         """The same trees for `batch` rows, as views (for a structure built with one row)."""
-        return RowTrees(*(t.expand(batch, *t.shape[1:]) for t in self._tensors()))
+        trees = RowTrees(*(t.expand(batch, *t.shape[1:]) for t in self._tensors()))
+        trees.__dict__["_template"] = self  # whose host depths, once read, serve every expansion
+        return trees
+
+    @functools.cached_property
+    def host_depths(self) -> list[list[int]]:
+        """`depths` as host values, one list per row: read from the device once per tree (a static tree's
+        expansions share one read; a chain's are known without one)."""
+        template: RowTrees | None = self.__dict__.get("_template")
+        if template is not None:
+            return template.host_depths * self.depths.shape[0]
+        return self.depths.tolist()
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return self.parents, self.depths, self.ancestors, self.paths, self.children, self.real
