@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 from pathlib import Path
@@ -66,3 +67,20 @@ def test_recipe_commands_parse(script: Path, monkeypatch) -> None:
             raise AssertionError(f"{script.name}: no rule for {argv}")
         ran.append(argv[0] if argv[0] != "python" else argv[1])
     assert "recipes/train_medusa.py" in ran
+
+
+def test_the_scaling_table_in_the_docs_is_what_its_points_render(tmp_path: Path) -> None:
+    spec = _scaling_tool_parser()
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    docs = RECIPES[0].parent.parent / "docs"
+    points = json.loads((docs / "results" / "scaling-smollm2.json").read_text())
+    page = (docs / "training.md").read_text()
+    shown = page.split(module.TABLE_START)[1].split(module.TABLE_END)[0].strip()
+    assert shown == module.table(points)
+    assert len(shown.splitlines()) == len(points) + 2 >= 6  # at least four points, as the curve promises
+    copy = tmp_path / "training.md"
+    copy.write_text(page.replace(shown, "| stale |"))
+    module.main(["--base", "b", "--run", "r", "--steps", "75", "--eval-data", "e", "--out",
+                 str(docs / "results" / "scaling-smollm2.json"), "--docs", str(copy)])  # fmt: skip
+    assert copy.read_text() == page  # every point measured already: nothing loads, the table renders again

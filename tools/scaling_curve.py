@@ -8,7 +8,10 @@ choices), and the tau greedy decoding reaches on the benchmark's prompts (tokens
 counted; `hf-specdec bench` measures speed and checks outputs). `hf-specdec simulate` turns acceptance into speedup.
 
     python tools/scaling_curve.py --base smollm2-135m --run heads/smollm2-curve --eval-data eval.jsonl \
-        --train-data train.jsonl --steps 75,150,300,600 --out curve.json --plot curve.png
+        --train-data train.jsonl --steps 75,150,300,600 --out curve.json --plot curve.png --docs docs/training.md
+
+`--docs` rewrites the page's table between `<!-- scaling-table -->` and `<!-- /scaling-table -->` from the points
+(`table`); points already in `--out` are not measured again, so a rerun only renders.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def plot(points: list[dict], path: Path, title: str, gpu_tokens: float) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     tokens = [p["tokens"] / 1e6 for p in points]
@@ -95,6 +99,9 @@ def plot(points: list[dict], path: Path, title: str, gpu_tokens: float) -> None:
     for depth in range(depths):
         left.plot(tokens, [p["held_out_top1"][depth] for p in points], marker="o", label=f"depth {depth + 1}")
     left.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="held-out top-1", title="accuracy by depth")
+    left.xaxis.set_major_formatter(ScalarFormatter())
+    left.xaxis.set_minor_formatter(NullFormatter())
+    left.set_xticks(tokens, [f"{t:.2g}" for t in tokens])
     left.legend()
     for tree in points[0]["decoding"]:
         right.plot(tokens, [p["decoding"][tree]["tau"] for p in points], marker="o", label=f"decoding, {tree}")
@@ -103,16 +110,45 @@ def plot(points: list[dict], path: Path, title: str, gpu_tokens: float) -> None:
         a, b = log_linear_fit([p["tokens"] for p in points], [p["decoding"][first]["tau"] for p in points])
         reach = a + b * math.log(gpu_tokens)
         label = f"log-linear fit, extended: {reach:.2f} at {gpu_tokens / 1e6:,.0f}M tokens"
-        fitted = [a + b * math.log(points[-1]["tokens"]), reach]
-        right.plot([tokens[-1], gpu_tokens / 1e6], fitted, linestyle=":", color="gray", label=label)
+        fitted = [a + b * math.log(points[0]["tokens"]), reach]
+        right.plot([tokens[0], gpu_tokens / 1e6], fitted, linestyle=":", color="gray", label=label)
         right.axvline(gpu_tokens / 1e6, color="gray", linewidth=0.5)
     right.plot(tokens, [p["expected_tau"] for p in points], marker="s", linestyle="--", label="expected (16 nodes)")
     right.set(xscale="log", xlabel="tokens trained on (millions)", ylabel="tau (tokens per target forward)")
     right.set(title="tau")
-    right.legend()
+    right.xaxis.set_major_formatter(ScalarFormatter())
+    right.legend(loc="upper left", fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+TABLE_START, TABLE_END = "<!-- scaling-table -->", "<!-- /scaling-table -->"
+
+
+def table(points: list[dict]) -> str:
+    """The docs' table of the points: one row per checkpoint (the first tree's decoding tau)."""
+    depths = len(points[0]["held_out_top1"])
+    tree = next(iter(points[0]["decoding"]))
+    lines = [
+        f"| checkpoint | examples | tokens | held-out top-1, depths {' / '.join(map(str, range(1, depths + 1)))} "
+        f"| expected tau | decoding tau (`{tree}`) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        top1 = " / ".join(f"{a:.3f}" for a in p["held_out_top1"])
+        lines.append(
+            f"| {p['step']} | {p['examples']:,} | {p['tokens'] / 1e6:.2f}M | {top1} | {p['expected_tau']:.2f} "
+            f"| {p['decoding'][tree]['tau']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def rewrite_table(page: Path, points: list[dict]) -> None:
+    """Replace the page's scaling table (between its markers) with `table(points)`."""
+    text = page.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    page.write_text(text[:start] + "\n" + table(points) + "\n" + text[end:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,18 +167,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu-tokens", type=float, default=1e8, help="tokens of a GPU-scale run, where the plot extends its fit"
     )
+    parser.add_argument("--docs", type=Path, help="a docs page whose scaling table to rewrite from the points")
     args = parser.parse_args(argv)
+    points = json.loads(args.out.read_text()) if args.out.exists() else []
+    done = {p["step"] for p in points}
+    todo = [int(s) for s in args.steps.split(",") if int(s) not in done]
+    if todo:
+        points = measure(args, todo, points)
+    if args.plot is not None and points:
+        title = f"EAGLE-3 heads for {args.base}: held-out and decoding acceptance against data"
+        plot(points, args.plot, title, args.gpu_tokens)
+    if args.docs is not None and points:
+        rewrite_table(args.docs, points)
+    return 0
+
+
+def measure(args: argparse.Namespace, steps: list[int], points: list[dict]) -> list[dict]:
+    """Measure the checkpoints of `steps`, adding each point to `points` and to `args.out` as it is done."""
     base, tokenizer = load_model(args.base, dtype=torch.bfloat16)
     evaluation = tokenize_records(load_records(args.eval_data), tokenizer, args.max_length)
     per_example = 0.0
     if args.train_data:
         train = tokenize_records(load_records(args.train_data), tokenizer, args.max_length)
         per_example = sum(len(ids) for ids in train["input_ids"]) / len(train)
-    points = json.loads(args.out.read_text()) if args.out.exists() else []
-    done = {p["step"] for p in points}
-    for step in [int(s) for s in args.steps.split(",")]:
-        if step in done:
-            continue
+    for step in steps:
         checkpoint = args.run / f"checkpoint-{step}"
         if (checkpoint / "base_adapter").exists():
             raise SystemExit(f"{checkpoint} trains the base through adapters: measure heads of a frozen base.")
@@ -157,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(point), flush=True)
         points = sorted([*points, point], key=lambda p: p["step"])
         args.out.write_text(json.dumps(points, indent=1))
-    if args.plot is not None and points:
-        title = f"EAGLE-3 heads for {args.base}: held-out and decoding acceptance against data"
-        plot(points, args.plot, title, args.gpu_tokens)
-    return 0
+    return points
 
 
 if __name__ == "__main__":
