@@ -81,3 +81,8 @@ def test_the_command_runs_end_to_end_on_a_cpu(tmp_path, capsys) -> None:
     assert all(p["eager"] > 0 for p in result["predictions"])
     chain = next(p for p in result["predictions"] if p["method"].startswith("draft-chain"))
     assert chain["compiled"] is not None  # a chain of at most 3 drafts fits the compiled widths measured
+    # The host's reads per step on every path, from the counter the tests bound: what the first GPU run will see.
+    reads = {row["path"]: row["reads_per_step"] for row in result["overhead"]}
+    assert set(reads) == {"plain", "assistant-constant", "assistant", "lookup", "tree-8", "eagle"}
+    assert reads["assistant-constant"] <= 2.2 and reads["lookup"] <= 2.2, reads
+    assert max(reads["assistant"], reads["tree-8"], reads["eagle"]) <= 6.0, reads
