@@ -22,6 +22,7 @@ from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.positions import position_table_limit
+from hf_specdec.generation.prefill import prefill_by_span
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
@@ -105,13 +106,12 @@ class DraftModelDrafter(ChainDrafter):
         config = self.generation_config
         capacity = static_capacity(config, runner) if config is not None else None
         self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads, capacity=capacity)
-        self.seq.forward(
-            self._embeddable(input_ids.to(self.device)),
-            valid.to(self.device),
-            positions.to(self.device),
-            chain_structure(input_ids.shape[1], self.device),
-            logits_to_keep=1,
-        )
+        ids = self._embeddable(input_ids.to(self.device))
+        valid, positions = valid.to(self.device), positions.to(self.device)
+        if capacity is None:  # rows by span: the padding of short prompts is not computed (`prefill_by_span`)
+            prefill_by_span(self.seq, ids, valid, positions)
+        else:
+            self.seq.forward(ids, valid, positions, chain_structure(input_ids.shape[1], self.device), logits_to_keep=1)
         compiles = capacity is not None and isinstance(runner, PreTrainedModel)
         if compiles and wants_compile(runner, self.seq.cache, config):
             self.seq.compile(config)  # as the target's forward is: the draft's many small forwards gain the most

@@ -289,6 +289,19 @@ class CachedSequence:
             self.positions = torch.cat([self.positions, new_positions], dim=1)
         return outputs
 
+    def start_from(
+        self, layers: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        """Start an empty dynamic cache from keys and values computed elsewhere, one `(batch, heads, slots,
+        head_dim)` pair per layer, with the slots' validity and logical positions `(batch, slots)`."""
+        if self.num_slots or self.capacity is not None:
+            raise ValueError("Only an empty dynamic cache starts from states computed elsewhere.")
+        for index, (keys, values) in enumerate(layers):
+            self.cache.update(keys, values, index)
+        self.valid = valid.bool()
+        if self._windowed:
+            self.positions = positions
+
     def _make_room(self, width: int) -> None:
         """Make a static cache hold `width` more slots: compact it if holes are in the way, grow it otherwise."""
         assert self.capacity is not None
