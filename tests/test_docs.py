@@ -75,3 +75,12 @@ def test_user_pages_speak_of_the_library_not_of_how_it_was_built() -> None:
     assert not found, "\n".join(found)
     assert _HISTORY.search("as measured in session 4") and _HISTORY.search("fixed in #16")
     assert not _HISTORY.search("see [Recipes](#recipes) and `--use_py_session`")
+
+
+def test_the_readme_fits_in_its_outline() -> None:
+    """What it is, the two set-up commands first, one results table, links: at most 150 lines."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    first_block = text.split("```bash", 1)[1].split("```", 1)[0]
+    assert "hf-specdec demo" in first_block and "python -m pytest" in first_block
+    assert text.count("<!-- results:") == 1
