@@ -119,6 +119,29 @@ def share(text: str) -> float:
     return finite_float(text, 0.0, 1.0, what="a share in [0, 1] (0.97 for 97%)")
 
 
+def device(text: str) -> str:
+    """A device that is here: `cpu`, `cuda`, `cuda:N`, `mps`."""
+    try:
+        parsed = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:0, got {text!r}") from None
+    if parsed.type == "cpu":
+        return text
+    backend = {"cuda": torch.cuda, "mps": torch.backends.mps}.get(parsed.type)
+    if backend is None or not backend.is_available():
+        raise argparse.ArgumentTypeError(f"no {parsed.type} device here: pass --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"there is no {text} here ({torch.cuda.device_count()} CUDA devices)")
+    return text
+
+
+def cpu_or_cuda(text: str) -> str:
+    """`device`, on a CPU or a CUDA GPU only."""
+    if not text.startswith(("cpu", "cuda")):
+        raise argparse.ArgumentTypeError(f"{text!r}: this command runs on cuda or cpu")
+    return device(text)
+
+
 def non_empty(text: str) -> str:
     """Any text but an empty or blank one."""
     if not text.strip():

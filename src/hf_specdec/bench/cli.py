@@ -22,6 +22,7 @@ from hf_specdec.bench.runner import run_benchmark
 from hf_specdec.cli_args import (
     MODEL_HELP,
     HelpFormatter,
+    device,
     heads_source,
     model_source,
     output_folder,
@@ -83,7 +84,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     bench.add_argument(
         "--device",
-        type=_device,
+        type=device,
         default=default_device,
         help="cpu, cuda, cuda:N or mps (default: cuda where torch sees one, else cpu; here %(default)s)",
     )
@@ -171,22 +172,6 @@ def named_heads(args: argparse.Namespace) -> dict[str, str]:
 def default_heads(args: argparse.Namespace) -> str | None:
     """The heads `--medusa PATH` gives without a name (`None`: none)."""
     return next((source for name, source in args.medusa if name is None), None)
-
-
-def _device(text: str) -> str:
-    """A device that is here: `cpu`, `cuda`, `cuda:N`, `mps`."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"expected a device such as cpu, cuda or cuda:0, got {text!r}") from None
-    if device.type == "cpu":
-        return text
-    backend = {"cuda": torch.cuda, "mps": torch.backends.mps}.get(device.type)
-    if backend is None or not backend.is_available():
-        raise argparse.ArgumentTypeError(f"no {device.type} device here: pass --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(f"there is no {text} here ({torch.cuda.device_count()} CUDA devices)")
-    return text
 
 
 def check_bench_args(args: argparse.Namespace) -> None:

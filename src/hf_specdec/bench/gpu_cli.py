@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.cli_args import HelpFormatter, output_file, positive_float
+from hf_specdec.cli_args import HelpFormatter, cpu_or_cuda, output_file, positive_float
 from hf_specdec.generation.kv_cache import bucket
 
 
@@ -29,7 +29,7 @@ def add_gpu_parser(subparsers: argparse._SubParsersAction) -> None:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu.add_argument(
         "--device",
-        type=_device,
+        type=cpu_or_cuda,
         default=default_device,
         help="cuda, cuda:N or cpu (default: cuda where torch sees one, else cpu; here %(default)s)",
     )
@@ -56,16 +56,6 @@ def add_gpu_parser(subparsers: argparse._SubParsersAction) -> None:
     gpu.add_argument(
         "--tests", action="store_true", help="then run the CUDA tests of the repository (pytest -m cuda tests/)"
     )
-
-
-def _device(text: str) -> str:
-    try:
-        device = torch.device(text)
-    except RuntimeError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device: {error}") from error
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: the device check runs on cuda or cpu")
-    return text
 
 
 def _pairs(text: str) -> tuple[tuple[str, str], ...]:

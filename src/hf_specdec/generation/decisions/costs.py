@@ -20,6 +20,7 @@ brings), against which one more drafted token is weighed (`CostModel.pays`, see 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -148,10 +149,15 @@ class CostModel:
         `hf_specdec.generation.decisions`)."""
         return self.rate * (self._draft_forward * draft_forwards + self._verify_per_token * rows)
 
-    def pays(self, gain: float, rows: int, draft_forwards: int = 0) -> bool:
+    def pays(self, gain: float | Callable[[], float], rows: int, draft_forwards: int = 0) -> bool:
         """Whether one more drafted token per row (or tree node, or depth) that is expected to bring `gain`
-        tokens per row pays for itself: the one question every adaptive rule asks (`threshold`)."""
-        return gain >= self.threshold(rows, draft_forwards)
+        tokens per row pays for itself: the one question every adaptive rule asks (`threshold`). A gain the host
+        must read from the device may be given as a function, called only when the answer depends on it (not when
+        the threshold is 0, where every gain pays)."""
+        threshold = self.threshold(rows, draft_forwards)
+        if callable(gain):
+            return threshold <= 0.0 or gain() >= threshold
+        return gain >= threshold
 
     def step(self, draft_forwards: float, rows: int, verified_per_row: float) -> float:
         """A step's predicted cost in plain steps, from the costs in use (`SpeculativeCosts.step`)."""

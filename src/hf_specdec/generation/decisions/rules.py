@@ -29,9 +29,7 @@ def next_draft_pays(costs: CostModel, gains: torch.Tensor, lagging: torch.Tensor
     """Whether a draft model's next forward pays: `gains` `(A,)` is each row's chance that every draft so far and
     the next one are accepted (its confidence multiplied along the chain); one draft forward and one more
     verified token per row to pay for. One read, none where the draft costs nothing."""
-    if costs.threshold(gains.numel(), draft_forwards=1) <= 0.0:
-        return True  # every gain pays: nothing to read
-    return costs.pays(float(lagging_mean(gains, lagging)), gains.numel(), draft_forwards=1)
+    return costs.pays(lambda: float(lagging_mean(gains, lagging)), gains.numel(), draft_forwards=1)
 
 
 def growth_rule(costs: CostModel, lagging: torch.Tensor, rows: int, draft_forwards: int = 1) -> GrowthRule:
@@ -41,11 +39,11 @@ def growth_rule(costs: CostModel, lagging: torch.Tensor, rows: int, draft_forwar
     token per row. One read per depth, none where a depth costs nothing."""
 
     def keep_growing(previous_scores: torch.Tensor, frontier_scores: torch.Tensor) -> bool:
-        if costs.threshold(rows, draft_forwards) <= 0.0:
-            return True  # every gain pays: nothing to read
-        reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
-        ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
-        gain = float(lagging_mean(reach * ratio.clamp_max(1.0), lagging))
+        def gain() -> float:
+            reach = frontier_scores.exp().sum(dim=1)  # (A,) P(the accepted path reaches the new frontier)
+            ratio = reach / previous_scores.exp().sum(dim=1).clamp_min(1e-9)
+            return float(lagging_mean(reach * ratio.clamp_max(1.0), lagging))
+
         return costs.pays(gain, rows, draft_forwards)
 
     return keep_growing
