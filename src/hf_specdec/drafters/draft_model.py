@@ -227,12 +227,7 @@ class DraftModelDrafter(ChainDrafter):
                 self._embeddable(ids), valid, positions, chain_structure(ids.shape[1], self.device), 1
             )
             logits = self._logits(outputs).to(target_device)  # (A, 1, V)
-            if track:
-                scores, lengths = self._score_drafting_rows(buffer, logits, lengths, j, exact)
-            elif self.processors.processors:
-                scores = self.processors(buffer, buffer.active, lengths_now + j, logits)[:, 0]  # prefix-free
-            else:  # nothing to process
-                scores = logits.view(logits.shape[0], logits.shape[2])
+            scores, lengths = self._scores(buffer, logits, lengths, j, track, exact)
             if self.do_sample:
                 token, q = sample_draft(scores, self.generator)  # (A,), (A, V)
                 probs.append(q)
@@ -283,6 +278,17 @@ class DraftModelDrafter(ChainDrafter):
         self.exhausted = True
         self.seq = None
         self.pending = self.pending_count = self._last_drafts = None
+
+    def _scores(
+        self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int, track: bool, exact: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Processed scores `(A, V)` at draft position j, and the rows' draft lengths (cut where `track`ed rows
+        have nothing left, see `_score_drafting_rows`)."""
+        if track:
+            return self._score_drafting_rows(buffer, logits, lengths, j, exact)
+        if self.processors.processors:  # prefix-free: the positions do not matter
+            return self.processors(buffer, buffer.active, buffer.active_lengths + j, logits)[:, 0], lengths
+        return logits.view(logits.shape[0], logits.shape[2]), lengths
 
     def _score_drafting_rows(
         self, buffer: TokenBuffer, logits: torch.Tensor, lengths: torch.Tensor, j: int, exact: bool
