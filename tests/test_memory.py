@@ -197,6 +197,7 @@ class Watched:
     over: bool = False  # the last check found more holes than the rule leaves (compacted at the next one)
     holes_at_check: int = 0  # and how many
     compactions_at_check: int = 0
+    forwards: int = 0
 
 
 class Watcher:
@@ -216,6 +217,7 @@ class Watcher:
                 (CachedSequence, "forward", self._after_forward),
                 (CachedSequence, "maybe_compact", self._after_check),
                 (CachedSequence, "compact", self._after_compact),
+                (CachedSequence, "start_from", self._after_start),
                 (TokenBuffer, "__init__", self._after_buffer),
             ):
                 stack.enter_context(mock.patch.object(cls, name, new=_wrap(getattr(cls, name), after)))
@@ -232,6 +234,7 @@ class Watcher:
 
     def _after_forward(self, seq: CachedSequence, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         watched = self._watched(seq)
+        watched.forwards += 1
         first = watched.peak_slots == 0
         slots = seq.num_slots
         assert isinstance(seq.cache, DynamicCache)
@@ -255,6 +258,13 @@ class Watcher:
         if first:  # the prefill: the unpadded row 0 makes it hole-free; it is the first check
             assert int(seq.valid.sum(dim=1).max()) == slots
             watched.valid_at_check, watched.fed_since_check = slots, 0
+
+    def _after_start(self, seq: CachedSequence, *args: Any) -> None:
+        """A cache assembled from a prefill by span: checked as one its own prefill forward left."""
+        watched = self._watched(seq)
+        slots = seq.num_slots
+        assert int(seq.valid.sum(dim=1).max()) == slots  # the unpadded row 0: no holes
+        watched.peak_slots = watched.peak_needed = watched.valid_at_check = slots
 
     def _after_compact(self, seq: CachedSequence, *args: Any) -> None:
         self._watched(seq).compactions += 1
@@ -307,9 +317,13 @@ def test_caches_never_grow_past_what_the_sequence_needs(arch: str, path: str, he
     with watcher.watching():
         out = _generate(models, path, head_type, NEW_TOKENS)
     assert torch.equal(out, _plain(arch))  # every token of every row (no EOS), as plain greedy decoding
-    roles = sorted(w.role for w in watcher.seqs.values())
+    # A draft's prefill by span runs each group of rows in a cache of its own, one forward, then dropped.
+    decoding = [w for w in watcher.seqs.values() if w.checks or w.forwards > 1]
+    parts = [w for w in watcher.seqs.values() if not (w.checks or w.forwards > 1)]
+    assert all(w.role == "draft" and w.forwards == 1 for w in parts)
+    roles = sorted(w.role for w in decoding)
     assert roles == (["draft", "target"] if PATHS[path][0] == "draft" else ["target"])
-    for watched in watcher.seqs.values():
+    for watched in decoding:
         assert watched.checks > 0
         if arch == "mistral":  # the window, not the sequence, bounds the cache
             assert watched.peak_slots <= WINDOW - 1 + 2 * watched.peak_fed + MIN_WASTE - 1
