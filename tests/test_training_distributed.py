@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import datasets
+import pytest
 import safetensors.torch
 import torch
 from transformers import TrainingArguments
@@ -147,6 +148,47 @@ def _eagle3_worker(workdir: Path) -> None:
     _recipe_worker(workdir, rank, "--head_type", "eagle3", "--head_vocab_size", "64")
 
 
+def _fsdp_on_cpu() -> None:
+    """Lets accelerate turn FSDP on for CPU processes. It does so only for accelerators (GPUs and the like), but its
+    FSDP2 code (the base's decoder layers sharded with `fully_shard`, the full state dict gathered to save) runs on
+    gloo as on NCCL: with this, that code runs here as it does on GPUs."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+
+    def fsdp_init(self, *args, fsdp_plugin=None, **kwargs) -> None:
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.fsdp_plugin = fsdp_plugin
+            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    AcceleratorState.__init__ = fsdp_init
+
+
+def _fsdp_worker(workdir: Path, head_type: str) -> None:
+    """One of the two processes, the base sharded by FSDP2 (each process holds half of every decoder layer)."""
+    torch.set_num_threads(1)
+    _fsdp_on_cpu()
+    fsdp_config = {
+        "version": 2,
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+        "state_dict_type": "FULL_STATE_DICT",
+    }
+    trainer = _trainer(
+        workdir / "fsdp", GLOBAL_BATCH // 2, head_type=head_type, ddp_backend="gloo", fsdp="full_shard",
+        fsdp_config=fsdp_config,
+    )  # fmt: skip
+    trainer.train()
+    rank = trainer.args.process_index
+    weight = trainer.medusa.base.model.layers[0].mlp.gate_proj.weight
+    shards = {"sharded": trainer.is_fsdp_enabled and hasattr(weight, "to_local"), "shape": list(weight.shape)}
+    if shards["sharded"]:
+        shards["local"] = list(weight.to_local().shape)
+    (workdir / f"shards-rank{rank}.json").write_text(json.dumps(shards))
+    trainer.save_model(str(workdir / "saved"))
+
+
 def _recipe_worker(workdir: Path, rank: int, *extra: str) -> None:
     """The recipe end to end with self-distillation, hidden states and an upload (recorded, not sent)."""
     from huggingface_hub import CommitInfo, HfApi, RepoUrl
@@ -271,8 +313,25 @@ def test_two_processes_train_the_same_eagle3_heads_as_one(tmp_path: Path) -> Non
     assert len(list((tmp_path / "recipe" / "self_distill_states").glob("*/shard-*"))) == 5
 
 
+@pytest.mark.parametrize("head_type", ["medusa", "eagle3"])
+def test_two_processes_with_the_base_sharded_train_the_same_heads_as_one(tmp_path: Path, head_type: str) -> None:
+    _launch(tmp_path, "fsdp", head_type)
+    for rank in range(2):  # every decoder layer of the base was split between the processes
+        shards = json.loads((tmp_path / f"shards-rank{rank}.json").read_text())
+        assert shards["sharded"] and shards["local"][0] * 2 == shards["shape"][0], shards
+    saved = safetensors.torch.load_file(tmp_path / "saved" / "medusa_heads.safetensors")
+    single = _trainer(tmp_path / "single", GLOBAL_BATCH, head_type=head_type)
+    single.train()
+    alone = _heads(single)
+    assert saved.keys() == alone.keys()
+    for name, tensor in alone.items():
+        torch.testing.assert_close(saved[name], tensor, rtol=1e-4, atol=1e-5)
+
+
 if __name__ == "__main__":
-    if sys.argv[2:] == ["eagle3"]:
+    if sys.argv[2:3] == ["fsdp"]:
+        _fsdp_worker(Path(sys.argv[1]), sys.argv[3])
+    elif sys.argv[2:] == ["eagle3"]:
         _eagle3_worker(Path(sys.argv[1]))
     else:
         _worker(Path(sys.argv[1]))
