@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -307,7 +308,7 @@ def test_recipe_evaluates_on_the_bases_own_replies_to_eval_data(tmp_path: Path) 
     assert recorded["eval_head0_top1"] == measured["eval_head0_top1"]
 
 
-@pytest.mark.parametrize("mode", ["teacher-forced", "cached", "self-distilled"])
+@pytest.mark.parametrize("mode", ["teacher-forced", "cached", "self-distilled", "self-distilled-drafted"])
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys, mode: str) -> None:
     base_dir = tmp_path / "base"
     tiny_model("llama", seed=0).save_pretrained(base_dir)
@@ -316,7 +317,12 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys, mode
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in _conversations(20)))
     out = tmp_path / "heads"
-    extra = {"cached": ["--cache_hidden_states"], "self-distilled": ["--self_distill", "--distill_max_new_tokens", "6"]}
+    distilled = ["--self_distill", "--distill_max_new_tokens", "6"]
+    extra = {
+        "cached": ["--cache_hidden_states"],
+        "self-distilled": distilled,
+        "self-distilled-drafted": [*distilled, "--distill_draft", str(base_dir), "--distill_prompt_lookup", "3"],
+    }
     recipe_main()(
         [
             "--base", str(base_dir), "--data", str(data), "--num_heads", "2", "--head_type", "eagle3",
@@ -330,10 +336,14 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys, mode
     # 20 examples, 5 held out; 15 in batches of 4 are 4 steps an epoch, 3 epochs.
     assert "data: 20 examples" in printed and "15 to train on, 5 to evaluate on" in printed
     assert "training: 12 steps of 4 examples" in printed and "evaluation: 5 examples" in printed
-    assert ("self-distillation: 20 replies of up to 6 tokens" in printed) == (mode == "self-distilled")
+    distilling = mode.startswith("self-distilled")
+    assert ("self-distillation: 20 replies of up to 6 tokens" in printed) == distilling
+    # Drafting is timed against plain generation on the same batch, and their replies compared (the draft is the
+    # base itself: every reply the same).
+    assert ("with drafting against" in printed and "8 of 8 replies the same" in printed) == (mode.endswith("drafted"))
     assert ("hidden states: cached once" in printed) == (mode == "cached")
     tokens = sum(len(row) for row in tokenize_records(load_records(str(data)), tokenizer, 1024)["input_ids"])
-    assert (f"{tokens:,} tokens" in printed) == (mode != "self-distilled")  # generated replies: an upper bound
+    assert (f"{tokens:,} tokens" in printed) == (not distilling)  # generated replies: an upper bound
 
 
 def test_eval_data_and_a_held_out_share_are_refused_together() -> None:
@@ -515,6 +525,46 @@ def test_self_distillation_writes_the_base_greedy_replies_and_resumes(tmp_path: 
     assert out[0]["messages"][1]["content"] == tokenizer.decode(expected, skip_special_tokens=True).strip()
     monkeypatch.setattr(base, "generate", _refuse_generation)
     assert len(self_distill(base, tokenizer, records, tmp_path / "sd.jsonl", max_new_tokens=6, batch_size=2)) == 5
+
+
+def test_self_distillation_through_speculative_decoding_writes_the_same_replies(tmp_path: Path, monkeypatch) -> None:
+    base, tokenizer = tiny_model("llama", seed=0, sharpen=4.0), tiny_tokenizer()
+    records = datasets.Dataset.from_list(_conversations(5))
+    plain = self_distill(base, tokenizer, records, tmp_path / "plain.jsonl", max_new_tokens=12, batch_size=2)
+    calls = []
+    self_distill_module = importlib.import_module("hf_specdec.training.self_distill")  # the module, not the function
+    speculative_generate = self_distill_module.speculative_generate
+
+    def counting(model, **kwargs):
+        calls.append(sorted(k for k in kwargs if k in ("assistant", "prompt_lookup_num_tokens")))
+        return speculative_generate(model, **kwargs)
+
+    monkeypatch.setattr(self_distill_module, "speculative_generate", counting)
+    twin, other = tiny_model("llama", seed=0, sharpen=4.0), tiny_model("llama", seed=1, sharpen=4.0)
+    settings = [
+        {"assistant": twin},
+        {"assistant": other, "prompt_lookup_num_tokens": 3},
+        {"prompt_lookup_num_tokens": 2},
+    ]
+    for index, kwargs in enumerate(settings):
+        drafted = self_distill(
+            base, tokenizer, records, tmp_path / f"drafted{index}.jsonl", max_new_tokens=12, batch_size=2,
+            generate_kwargs=kwargs,
+        )  # fmt: skip
+        assert drafted.to_list() == plain.to_list(), kwargs
+    assert len(calls) == 3 * 3  # every batch (3 of 2, 2, 1 prompts) of every setting drafted
+    assert calls[:3] == [["assistant"]] * 3 and calls[3] == ["assistant", "prompt_lookup_num_tokens"]
+
+
+def test_drafted_self_distillation_is_refused_where_it_cannot_apply() -> None:
+    with pytest.raises(ValueError, match="write self-distilled replies: add --self_distill"):
+        MedusaTrainingConfig(base="b", data="d.jsonl", distill_draft="draft")
+    with pytest.raises(ValueError, match="--cache_hidden_states keeps the states of a plain generation"):
+        MedusaTrainingConfig(
+            base="b", data="d.jsonl", self_distill=True, cache_hidden_states=True, distill_prompt_lookup=4
+        )
+    with pytest.raises(ValueError, match="drafts at least 1 token"):
+        MedusaTrainingConfig(base="b", data="d.jsonl", self_distill=True, distill_prompt_lookup=0)
 
 
 def test_self_distillation_keeps_the_hidden_states_a_forward_would_give(tmp_path: Path, monkeypatch) -> None:

@@ -167,6 +167,21 @@ class MedusaTrainingConfig:
     )
     distill_max_new_tokens: int = field(default=256, metadata={"help": "Reply length when self-distilling."})
     distill_batch_size: int = field(default=8, metadata={"help": "Batch size when self-distilling."})
+    distill_draft: str | None = field(
+        default=None,
+        metadata={
+            "help": "Write the self-distilled replies with speculative decoding, this draft model drafting (a zoo "
+            "name, folder or Hub id sharing the base's tokenizer): the same greedy replies, sooner where drafting "
+            "pays (--dry_run times both ways)."
+        },
+    )
+    distill_prompt_lookup: int | None = field(
+        default=None,
+        metadata={
+            "help": "Write the self-distilled replies with speculative decoding, prompt lookup drafting up to this "
+            "many tokens (with --distill_draft, both draft)."
+        },
+    )
     cache_hidden_states: bool = field(default=False, metadata={"help": "Medusa-1: compute base states once."})
     relabel_with_base: bool = field(
         default=False,
@@ -241,11 +256,36 @@ class MedusaTrainingConfig:
             self.eval_fraction = 0.0 if self.eval_data else 0.05
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
+        if (self.distill_draft or self.distill_prompt_lookup is not None) and not (
+            self.self_distill or self.eval_self_distill
+        ):
+            raise ValueError(
+                "--distill_draft and --distill_prompt_lookup write self-distilled replies: add --self_distill (or "
+                "--eval_self_distill)."
+            )
+        if (self.distill_draft or self.distill_prompt_lookup is not None) and self.cache_hidden_states:
+            raise ValueError(
+                "--cache_hidden_states keeps the states of a plain generation: drop it (the states are then "
+                "computed in each training step) or drop --distill_draft / --distill_prompt_lookup."
+            )
+        if self.distill_prompt_lookup is not None and self.distill_prompt_lookup < 1:
+            raise ValueError(f"--distill_prompt_lookup drafts at least 1 token, got {self.distill_prompt_lookup}.")
         if self.eval_self_distill and not self.eval_data:
             raise ValueError("--eval_self_distill self-distils --eval_data: add --eval_data.")
         if self.eval_data and self.eval_fraction:
             raise ValueError("--eval_data is the held-out set: drop --eval_fraction (or --eval_data to split --data).")
         self.head_config()  # the heads' settings are checked before any data work, which can take hours
+
+    def distill_kwargs(self, base: PreTrainedModel) -> dict[str, Any]:
+        """The speculative arguments self-distillation writes replies with (`--distill_draft`, loaded beside `base`
+        in its dtype and on its device, and `--distill_prompt_lookup`); empty for plain generation."""
+        kwargs: dict[str, Any] = {}
+        if self.distill_draft:
+            draft, _ = load_model(self.distill_draft, dtype=DTYPES[self.dtype])
+            kwargs["assistant"] = draft.to(base.device)
+        if self.distill_prompt_lookup is not None:
+            kwargs["prompt_lookup_num_tokens"] = self.distill_prompt_lookup
+        return kwargs
 
     def head_config(self) -> MedusaConfig:
         """The fresh heads' `MedusaConfig` these settings ask for (its fields checked)."""
@@ -284,11 +324,15 @@ def train_medusa(
     sources = [config.data] if config.self_distill else [source for source in config.data.split(",") if source]
     # The base's states the heads train on: the warm start's own (any layout it was loaded from), or fresh heads'.
     layers = state_layers(config.head_config() if warm is None else warm.config, base)
-    parts = [_tokenize_part(config, training_args, base, tokenizer, source, output_dir, layers) for source in sources]
+    speculative = config.distill_kwargs(base)
+    parts = [
+        _tokenize_part(config, training_args, base, tokenizer, source, output_dir, layers, distill_kwargs=speculative)
+        for source in sources
+    ]
     train, evaluation = _split(config, training_args, parts)
     if config.eval_data:
         evaluation = _tokenize_part(
-            config, training_args, base, tokenizer, config.eval_data, output_dir, layers, role="eval"
+            config, training_args, base, tokenizer, config.eval_data, output_dir, layers, "eval", speculative
         )
     if warm is not None:
         model = warm
@@ -444,6 +488,7 @@ def _tokenize_part(
     output_dir: Path,
     layers: tuple[int, ...],
     role: str = "train",
+    distill_kwargs: dict[str, Any] | None = None,
 ) -> datasets.Dataset:
     """One data source tokenised, self-distilled and with the base's hidden states of `layers` (concatenated), as
     configured; `role` `"eval"` keeps its self-distilled replies apart from the training data's and takes every
@@ -476,6 +521,7 @@ def _tokenize_part(
             max_new_tokens=config.distill_max_new_tokens,
             batch_size=config.distill_batch_size,
             messages_column=config.messages_column,
+            generate_kwargs=distill_kwargs,
         )
     with training_args.main_process_first(desc="tokenizing"):
         tokenized = tokenize_records(

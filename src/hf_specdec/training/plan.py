@@ -12,6 +12,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, TrainingArguments
@@ -21,7 +22,13 @@ from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.training.data import tokenize_records
 from hf_specdec.training.metrics import TOP_K
 from hf_specdec.training.pipeline import DTYPES, MedusaTrainingConfig, _records
-from hf_specdec.training.self_distill import _prompt_batch, _prompt_text, by_prompt_length, prompt_messages
+from hf_specdec.training.self_distill import (
+    _prompt_batch,
+    _prompt_text,
+    by_prompt_length,
+    generate_replies,
+    prompt_messages,
+)
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
 
@@ -102,12 +109,13 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     plan.device = str(base.device)
     shape = (int(statistics.median(lengths)), int(statistics.median(labelled)))
     model = _heads(config, base)
+    speculative = config.distill_kwargs(base) if config.self_distill or config.eval_self_distill else {}
     if config.self_distill:
-        plan.stages.append(_self_distill_stage(config, base, tokenizer, prompts, training_args.world_size))
+        plan.stages.append(_self_distill_stage(config, base, tokenizer, prompts, training_args.world_size, speculative))
     if config.eval_data and (config.self_distill or config.eval_self_distill):
         held = _records(config, config.eval_data, None)
         eval_prompts = [m for r in held if (m := prompt_messages(r, config.messages_column))]
-        stage = _self_distill_stage(config, base, tokenizer, eval_prompts, training_args.world_size)
+        stage = _self_distill_stage(config, base, tokenizer, eval_prompts, training_args.world_size, speculative)
         plan.stages.append(Stage(f"{stage.name} of --eval_data", stage.work, stage.seconds))
     if config.cache_hidden_states and not config.self_distill:
         rate = _states_seconds_per_token(model, shape, training_args)
@@ -204,8 +212,10 @@ def _self_distill_stage(
     tokenizer: object,
     prompts: list[list[dict[str, str]]],
     processes: int,
+    speculative: dict[str, Any] | None = None,
 ) -> Stage:
-    """One batch of generation, of the median prompt length, timed (what the longest-first batches average)."""
+    """One batch of generation, of the median prompt length, timed (what the longest-first batches average); with
+    `speculative` arguments, timed both plainly and with them, and their replies compared."""
     ordered = [m for _, m in by_prompt_length(tokenizer, list(enumerate(prompts)))]  # type: ignore[arg-type]
     middle = max(0, len(ordered) // 2 - config.distill_batch_size // 2)
     batch = ordered[middle : middle + config.distill_batch_size]
@@ -215,15 +225,29 @@ def _self_distill_stage(
     finally:
         tokenizer.padding_side = padding_side  # type: ignore[attr-defined]
     pad = tokenizer.pad_token_id  # type: ignore[attr-defined]
-    start = time.perf_counter()
-    with torch.no_grad():
-        base.generate(**inputs, max_new_tokens=config.distill_max_new_tokens, do_sample=False, pad_token_id=pad)
-    seconds = time.perf_counter() - start
     batches = math.ceil(len(prompts) / config.distill_batch_size / processes)
     work = f"{len(prompts):,} replies of up to {config.distill_max_new_tokens} tokens, {batches:,} batches"
-    return Stage(
-        "self-distillation", f"{work} of {config.distill_batch_size}, {seconds:.1f} s a batch", seconds * batches
+    plain, plain_seconds = _timed_replies(base, inputs, config.distill_max_new_tokens, pad, None)
+    if not speculative:
+        return Stage("self-distillation", f"{work} of {config.distill_batch_size}, {plain_seconds:.1f} s a batch",
+                     plain_seconds * batches)  # fmt: skip
+    drafted, seconds = _timed_replies(base, inputs, config.distill_max_new_tokens, pad, speculative)
+    same = sum(torch.equal(a, b) for a, b in zip(plain, drafted, strict=True))
+    work += (
+        f" of {config.distill_batch_size}, {seconds:.1f} s a batch with drafting against {plain_seconds:.1f} s plain "
+        f"({plain_seconds / seconds:.2f}x; {same} of {len(batch)} replies the same)"
     )
+    return Stage("self-distillation", work, seconds * batches)
+
+
+def _timed_replies(
+    base: PreTrainedModel, inputs: Any, max_new_tokens: int, pad: int | None, speculative: dict[str, Any] | None
+) -> tuple[torch.Tensor, float]:
+    """One batch's greedy replies and the seconds they took."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = generate_replies(base, inputs, max_new_tokens, pad, speculative, do_sample=False)
+    return out, time.perf_counter() - start
 
 
 def _minutes(seconds: float) -> str:

@@ -5,6 +5,10 @@ decoding time, even when no chat data in the base's style exists. Generation is 
 length together, so little of a batch is padding), shows a progress bar, and appends to a JSONL file as it
 goes, so an interrupted run resumes where it stopped.
 
+With `generate_kwargs` (`{"assistant": draft}`, `{"prompt_lookup_num_tokens": 10}`, any argument of the library's
+`generate()`), the replies are written by the library's speculative decoding: the same greedy replies (token for
+token in float32), sooner where drafting pays; `--dry_run` times both ways on one batch.
+
 Under `accelerate launch` / `torchrun`, the batches are split between the processes
 (`PartialState.split_between_processes`), each on its own device: N processes generate N times as fast, the
 batches are the ones a single process makes (so the records are the same), and every process returns the whole
@@ -24,6 +28,7 @@ from accelerate import PartialState
 from tqdm.auto import tqdm
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_specdec.generation.entry import speculative_generate
 from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages
@@ -71,6 +76,22 @@ def _prompt_batch(
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
 
 
+def generate_replies(
+    base: PreTrainedModel,
+    inputs: BatchEncoding,
+    max_new_tokens: int,
+    pad_token_id: int | None,
+    generate_kwargs: dict[str, Any] | None = None,
+    **sampling: Any,
+) -> torch.Tensor:
+    """The base's continuations of a left-padded batch `(batch, prompt + new)`: plain `generate()`, or the library's
+    speculative `generate()` with `generate_kwargs` (its speculative arguments)."""
+    settings = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, **sampling)
+    if generate_kwargs:
+        return speculative_generate(base, **inputs, **settings, **generate_kwargs)
+    return base.generate(**inputs, **settings)
+
+
 @torch.no_grad()
 def self_distill(
     base: PreTrainedModel,
@@ -82,6 +103,7 @@ def self_distill(
     do_sample: bool = False,
     temperature: float = 0.7,
     messages_column: str | None = None,
+    generate_kwargs: dict[str, Any] | None = None,
 ) -> datasets.Dataset:
     """Replace every conversation's first reply by the base's own, written to `output_file` (JSONL, `messages`
     format) and returned as a data set. Records already written are not generated again.
@@ -96,6 +118,8 @@ def self_distill(
         max_new_tokens, batch_size, do_sample, temperature: generation settings (greedy by default, which is
             what heads serving greedy decoding should learn).
         messages_column: the column holding the conversations (see `to_messages`).
+        generate_kwargs (`dict`, *optional*): speculative arguments of the library's `generate()` to write the
+            replies with (e.g. `{"assistant": draft_model}`): the same replies, sooner where drafting pays.
     """
     state = PartialState()
     output_file = Path(output_file)
@@ -119,8 +143,8 @@ def self_distill(
         with state.split_between_processes(batches) as mine, sink_file.open("a") as sink:
             for batch in tqdm(mine, desc="self-distillation", unit="batch", disable=not state.is_local_main_process):
                 inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
-                out = base.generate(
-                    **inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
+                out = generate_replies(
+                    base, inputs, max_new_tokens, tokenizer.pad_token_id, generate_kwargs, **sampling
                 )
                 replies = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
                 for (index, messages), reply in zip(batch, replies, strict=True):
