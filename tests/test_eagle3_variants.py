@@ -14,8 +14,8 @@ from transformers import LlamaConfig
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.medusa.eagle3 import Eagle3Heads
+from hf_specdec.medusa.eagle_layouts import UNUSED_EMBEDDING
 from hf_specdec.serving import export_heads
-from hf_specdec.serving.eagle_layouts import UNUSED_EMBEDDING
 from hf_specdec.training.pipeline import MedusaTrainingConfig
 from tests.eagle_reference import eagle3_fuse, eagle3_layer, rms
 from tests.published_drafts import (

@@ -13,8 +13,8 @@ from transformers import LlamaConfig
 
 from hf_specdec import MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.cli import main
+from hf_specdec.medusa.eagle_layouts import UNUSED_EMBEDDING
 from hf_specdec.serving import export_heads, export_pretrained
-from hf_specdec.serving.eagle_layouts import UNUSED_EMBEDDING
 from tests.published_drafts import eagle1_weights, write_eagle1
 from tests.tiny_models import ragged_batch, tiny_model
 

@@ -237,7 +237,7 @@ def test_stored_embeddings_are_not_read(tmp_path, caplog: pytest.LogCaptureFixtu
     stored ones differ."""
     weights = write_eagle3(tmp_path, draft_vocabulary(40))
     base = _base()
-    with caplog.at_level(logging.INFO, logger="hf_specdec.serving.eagle_importer"):
+    with caplog.at_level(logging.INFO, logger="hf_specdec.medusa.eagle_importer"):
         model = MedusaForCausalLM.from_pretrained(tmp_path, base_model=base)
     assert "the base's are used" in caplog.text
     assert not any(torch.equal(p, weights["embed_tokens.weight"]) for p in model.heads.state_dict().values())

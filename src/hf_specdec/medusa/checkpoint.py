@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from hf_specdec import zoo
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
-from hf_specdec.serving.importer import ImportedEagle, ImportedHeads, no_heads_message, read_heads
+from hf_specdec.medusa.importer import ImportedEagle, ImportedHeads, no_heads_message, read_heads
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
 ADAPTER_FOLDER = "base_adapter"
@@ -51,7 +51,7 @@ class Checkpoint:
         config_file (`Path`): the file their config came from, for messages.
         weights_file (`Path`): the file (or, for other layouts, the folder) their weights came from.
         imported (`ImportedHeads` or `ImportedEagle`, *optional*): heads of another layout (see
-            `hf_specdec.serving.importer`).
+            `hf_specdec.medusa.importer`).
     """
 
     config: MedusaConfig

@@ -258,7 +258,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 base's `from_pretrained` unless `base_kwargs` set them.
 
         Heads in other layouts load too: FasterDecoding's releases (Medusa-1 and Medusa-2), TGI's, TensorRT-LLM's
-        and vLLM's (see `hf_specdec.serving.importer`).
+        and vLLM's (see `hf_specdec.medusa.importer`).
 
         Raises:
             `hf_specdec.extras.MissingExtraError`: for heads trained with LoRA adapters on their base, when peft (the

@@ -99,7 +99,7 @@ def heads_config(folder: Path, what: str) -> MedusaConfig:
     Raises:
         `ValueError`: when `folder` holds no heads.
     """
-    from hf_specdec.serving.importer import no_heads_message, read_heads
+    from hf_specdec.medusa.importer import no_heads_message, read_heads
 
     if (folder / CONFIG_NAME).exists():
         return MedusaConfig.from_pretrained(folder)

@@ -1,4 +1,4 @@
-"""Write EAGLE heads as published drafts (layouts in `hf_specdec.serving.eagle_layouts`) for vLLM:
+"""Write EAGLE heads as published drafts (layouts in `hf_specdec.medusa.eagle_layouts`) for vLLM:
 
 - EAGLE-3 heads: the layout SafeAILab, SpecForge and AngelSlim release (`layout="published"`, for
   `speculative_config={"method": "eagle3", "model": DIR}`; `Eagle3Qwen3ForCausalLM` for heads of a Qwen3 layer),
@@ -24,7 +24,7 @@ from transformers import LlamaModel, PreTrainedModel
 
 from hf_specdec.medusa.config import MedusaConfig
 from hf_specdec.medusa.eagle3 import Eagle3Heads, layer_config_to_dict
-from hf_specdec.serving.eagle_layouts import (
+from hf_specdec.medusa.eagle_layouts import (
     EAGLE1_ARCHITECTURE,
     EAGLE3_ARCHITECTURE,
     EAGLE3_QWEN3_ARCHITECTURE,

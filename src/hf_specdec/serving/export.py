@@ -36,8 +36,8 @@ from transformers import PreTrainedModel
 
 from hf_specdec.medusa.config import CONFIG_NAME, MedusaConfig
 from hf_specdec.medusa.heads import MedusaHeads
+from hf_specdec.medusa.layouts import to_numbered, to_vllm
 from hf_specdec.serving.eagle_export import check_eagle_exportable, eagle_files
-from hf_specdec.serving.layouts import to_numbered, to_vllm
 
 if TYPE_CHECKING:
     from hf_specdec.medusa.model import MedusaForCausalLM

@@ -1,4 +1,4 @@
-"""Read published EAGLE drafts (layouts in `hf_specdec.serving.eagle_layouts`): EAGLE-3 as SafeAILab, SpecForge
+"""Read published EAGLE drafts (layouts in `hf_specdec.medusa.eagle_layouts`): EAGLE-3 as SafeAILab, SpecForge
 and AngelSlim release it, EAGLE-3 in the speculators format, and EAGLE-1 and 2 as SafeAILab releases them or as
 vLLM loads them.
 
@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hf_specdec.medusa.config import MedusaConfig
-from hf_specdec.serving.eagle_layouts import (
+from hf_specdec.medusa.eagle_layouts import (
     EAGLE3_ARCHITECTURES,
     LAYER_PREFIXES,
     SPECULATORS_TYPE,

@@ -9,7 +9,7 @@ engine layout `hf_specdec.serving.export` writes.
 - A whole Medusa-2 model (the base's weights and `medusa_head.*` in `model*.safetensors`): the heads come from
   it, and the folder itself is their base, since Medusa-2 trains the base too.
 - vLLM's layout (`config.json` with `model_type: medusa`).
-- Published EAGLE drafts (EAGLE-1, 2 and 3, and the speculators format): `hf_specdec.serving.eagle_importer`.
+- Published EAGLE drafts (EAGLE-1, 2 and 3, and the speculators format): `hf_specdec.medusa.eagle_importer`.
 
 Pickled `.pt` files are read with `torch.load(weights_only=True)`: tensors only, no code runs.
 """
@@ -27,8 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hf_specdec.medusa.config import MedusaConfig
-from hf_specdec.serving.eagle_importer import ImportedEagle, read_eagle
-from hf_specdec.serving.layouts import from_numbered, from_vllm
+from hf_specdec.medusa.eagle_importer import ImportedEagle, read_eagle
+from hf_specdec.medusa.layouts import from_numbered, from_vllm
 
 logger = logging.getLogger(__name__)
 
