@@ -256,14 +256,13 @@ class MedusaTrainingConfig:
             self.eval_fraction = 0.0 if self.eval_data else 0.05
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}.")
-        if (self.distill_draft or self.distill_prompt_lookup is not None) and not (
-            self.self_distill or self.eval_self_distill
-        ):
+        drafted = bool(self.distill_draft) or self.distill_prompt_lookup is not None
+        if drafted and not (self.self_distill or self.eval_self_distill):
             raise ValueError(
                 "--distill_draft and --distill_prompt_lookup write self-distilled replies: add --self_distill (or "
                 "--eval_self_distill)."
             )
-        if (self.distill_draft or self.distill_prompt_lookup is not None) and self.cache_hidden_states:
+        if drafted and self.cache_hidden_states:
             raise ValueError(
                 "--cache_hidden_states keeps the states of a plain generation: drop it (the states are then "
                 "computed in each training step) or drop --distill_draft / --distill_prompt_lookup."
@@ -334,6 +333,7 @@ def train_medusa(
         evaluation = _tokenize_part(
             config, training_args, base, tokenizer, config.eval_data, output_dir, layers, "eval", speculative
         )
+    speculative.clear()  # the draft model, if any, is not kept through training
     if warm is not None:
         model = warm
         if (token_ids := model.heads.token_ids) is not None:

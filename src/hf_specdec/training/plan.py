@@ -109,7 +109,7 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     plan.device = str(base.device)
     shape = (int(statistics.median(lengths)), int(statistics.median(labelled)))
     model = _heads(config, base)
-    speculative = config.distill_kwargs(base) if config.self_distill or config.eval_self_distill else {}
+    speculative = config.distill_kwargs(base)  # empty without --distill_draft / --distill_prompt_lookup
     if config.self_distill:
         plan.stages.append(_self_distill_stage(config, base, tokenizer, prompts, training_args.world_size, speculative))
     if config.eval_data and (config.self_distill or config.eval_self_distill):
