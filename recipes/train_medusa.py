@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     loads, with one line naming the package and the command that installs it."""
     try:
         require("train", "datasets", "peft", purpose="Training heads")
+        from accelerate import PartialState
+
         from hf_specdec.training import MedusaTrainingConfig, train_medusa
 
         parser = HfArgumentParser((MedusaTrainingConfig, TrainingArguments))
@@ -36,6 +38,11 @@ def main(argv: list[str] | None = None) -> None:
             print(plan_training(config, training_args))
             return
         train_medusa(config, training_args, command=shlex.join(["python", "recipes/train_medusa.py", *arguments]))
+        # Every process leaves together and closes its group: one left to interpreter shutdown can abort a rank
+        # (gloo: "terminate called without an active exception") after the heads are saved.
+        state = PartialState()
+        state.wait_for_everyone()
+        state.destroy_process_group()
     except MissingExtraError as error:
         raise SystemExit(f"train_medusa.py: error: {error}") from None
 

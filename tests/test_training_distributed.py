@@ -335,3 +335,8 @@ if __name__ == "__main__":
         _eagle3_worker(Path(sys.argv[1]))
     else:
         _worker(Path(sys.argv[1]))
+    # Both ranks leave together and close the group themselves: a gloo group left to interpreter shutdown can abort
+    # one rank ("terminate called without an active exception") after the work is done.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
