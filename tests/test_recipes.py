@@ -76,7 +76,8 @@ def test_the_scaling_table_in_the_docs_is_what_its_points_render(tmp_path: Path)
     docs = RECIPES[0].parent.parent / "docs"
     points = json.loads((docs / "results" / "scaling-smollm2.json").read_text())
     page = (docs / "training.md").read_text()
-    shown = page.split(module.TABLE_START)[1].split(module.TABLE_END)[0].strip()
+    opening, closing = module.markers("smollm2")
+    shown = page.split(opening)[1].split(closing)[0].strip()
     assert shown == module.table(points)
     assert len(shown.splitlines()) == len(points) + 2 >= 6  # at least four points, as the curve promises
     copy = tmp_path / "training.md"
@@ -84,3 +85,21 @@ def test_the_scaling_table_in_the_docs_is_what_its_points_render(tmp_path: Path)
     module.main(["--base", "b", "--run", "r", "--steps", "75", "--eval-data", "e", "--out",
                  str(docs / "results" / "scaling-smollm2.json"), "--docs", str(copy)])  # fmt: skip
     assert copy.read_text() == page  # every point measured already: nothing loads, the table renders again
+
+
+def test_a_self_distilled_run_counts_the_tokens_of_the_replies_it_kept(tmp_path: Path) -> None:
+    import datasets
+
+    spec = _scaling_tool_parser()
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    run = tmp_path / "run"
+    assert module.mean_example_tokens(run, None, None, 512) == 0.0
+    for source, lengths in {"a": [3, 5], "b": [10]}.items():
+        rows = [{"input_ids": list(range(n))} for n in lengths]
+        datasets.Dataset.from_list(rows).save_to_disk(str(run / "self_distill_states" / source / "shard-0000000"))
+    assert module.mean_example_tokens(run, None, None, 512) == 6.0
+    checkpoint = run / "checkpoint-2"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "train_batch_size": 4}))
+    assert module.trained_on(checkpoint, 6.0) == {"step": 2, "examples": 8, "tokens": 48}

@@ -10,8 +10,9 @@ counted; `hf-specdec bench` measures speed and checks outputs). `hf-specdec simu
     python tools/scaling_curve.py --base smollm2-135m --run heads/smollm2-curve --eval-data eval.jsonl \
         --train-data train.jsonl --steps 75,150,300,600 --out curve.json --plot curve.png --docs docs/training.md
 
-`--docs` rewrites the page's table between `<!-- scaling-table -->` and `<!-- /scaling-table -->` from the points
-(`table`); points already in `--out` are not measured again, so a rerun only renders.
+`--docs` rewrites the page's table `--table NAME` (between `<!-- scaling-table NAME -->` and
+`<!-- /scaling-table NAME -->`) from the points (`table`); points already in `--out` are not measured again, so a
+rerun only renders.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import math
 import sys
 from pathlib import Path
 
+import datasets
 import torch
 
 from hf_specdec import MedusaForCausalLM
 from hf_specdec.bench.prompts import chat_inputs, load_prompts
 from hf_specdec.bench.runner import row_lengths
-from hf_specdec.training import evaluate_heads, load_records, tokenize_records
+from hf_specdec.training import evaluate_heads, load_records, self_distill, tokenize_records
 from hf_specdec.zoo import load_model
 
 
@@ -123,7 +125,9 @@ def plot(points: list[dict], path: Path, title: str, gpu_tokens: float) -> None:
     fig.savefig(path, dpi=110)
 
 
-TABLE_START, TABLE_END = "<!-- scaling-table -->", "<!-- /scaling-table -->"
+def markers(name: str) -> tuple[str, str]:
+    """The comments around a docs page's scaling table `name` (a page may show the curves of several bases)."""
+    return f"<!-- scaling-table {name} -->", f"<!-- /scaling-table {name} -->"
 
 
 def table(points: list[dict]) -> str:
@@ -144,10 +148,13 @@ def table(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def rewrite_table(page: Path, points: list[dict]) -> None:
-    """Replace the page's scaling table (between its markers) with `table(points)`."""
+def rewrite_table(page: Path, name: str, points: list[dict]) -> None:
+    """Replace the page's scaling table `name` (between its markers) with `table(points)`."""
     text = page.read_text()
-    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    opening, closing = markers(name)
+    if opening not in text or closing not in text:
+        raise SystemExit(f"{page} has no table between {opening} and {closing}: add the two markers first.")
+    start, end = text.index(opening) + len(opening), text.index(closing)
     page.write_text(text[:start] + "\n" + table(points) + "\n" + text[end:])
 
 
@@ -157,7 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", type=Path, required=True, help="the training run's output folder (checkpoint-N)")
     parser.add_argument("--steps", required=True, help="comma-separated checkpoint steps to measure")
     parser.add_argument("--eval-data", required=True, help="held-out data (the base's own replies, ideally)")
-    parser.add_argument("--train-data", help="the run's data, for its mean tokens per example (without a count)")
+    parser.add_argument(
+        "--eval-self-distill",
+        action="store_true",
+        help="the base writes the held-out requests' replies first (greedy, 128 new tokens; kept beside --out)",
+    )
+    parser.add_argument(
+        "--train-data",
+        help="the run's data, for its mean tokens per example (without a count; a run that cached self-distilled "
+        "states counts its own examples)",
+    )
     parser.add_argument("--max-length", type=int, default=512, help="the run's --max_length")
     parser.add_argument("--trees", default="16", help="comma-separated tree sizes to decode with")
     parser.add_argument("--n", type=int, default=12, help="benchmark prompts")
@@ -168,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu-tokens", type=float, default=1e8, help="tokens of a GPU-scale run, where the plot extends its fit"
     )
     parser.add_argument("--docs", type=Path, help="a docs page whose scaling table to rewrite from the points")
+    parser.add_argument("--table", default="smollm2", help="which of the page's scaling tables (its markers' name)")
     args = parser.parse_args(argv)
     points = json.loads(args.out.read_text()) if args.out.exists() else []
     done = {p["step"] for p in points}
@@ -178,18 +195,31 @@ def main(argv: list[str] | None = None) -> int:
         title = f"EAGLE-3 heads for {args.base}: held-out and decoding acceptance against data"
         plot(points, args.plot, title, args.gpu_tokens)
     if args.docs is not None and points:
-        rewrite_table(args.docs, points)
+        rewrite_table(args.docs, args.table, points)
     return 0
+
+
+def mean_example_tokens(run: Path, train_data: str | None, tokenizer: object, max_length: int) -> float:
+    """The mean tokens of a run's examples: `train_data` tokenised, or the self-distilled examples a run with
+    cached states keeps (the replies the base wrote); 0 when neither is there."""
+    if train_data:
+        train = tokenize_records(load_records(train_data), tokenizer, max_length)  # type: ignore[arg-type]
+        return sum(len(ids) for ids in train["input_ids"]) / len(train)
+    if shards := sorted((run / "self_distill_states").glob("*/shard-*")):
+        lengths = [len(ids) for shard in shards for ids in datasets.load_from_disk(str(shard))["input_ids"]]
+        return sum(lengths) / len(lengths)
+    return 0.0
 
 
 def measure(args: argparse.Namespace, steps: list[int], points: list[dict]) -> list[dict]:
     """Measure the checkpoints of `steps`, adding each point to `points` and to `args.out` as it is done."""
     base, tokenizer = load_model(args.base, dtype=torch.bfloat16)
-    evaluation = tokenize_records(load_records(args.eval_data), tokenizer, args.max_length)
-    per_example = 0.0
-    if args.train_data:
-        train = tokenize_records(load_records(args.train_data), tokenizer, args.max_length)
-        per_example = sum(len(ids) for ids in train["input_ids"]) / len(train)
+    held_out = load_records(args.eval_data)
+    if args.eval_self_distill:
+        replies = args.out.with_name(f"{args.out.stem}-held-out-replies.jsonl")
+        held_out = self_distill(base, tokenizer, held_out, replies, max_new_tokens=128, batch_size=len(held_out))
+    evaluation = tokenize_records(held_out, tokenizer, args.max_length)
+    per_example = mean_example_tokens(args.run, args.train_data, tokenizer, args.max_length)
     for step in steps:
         checkpoint = args.run / f"checkpoint-{step}"
         if (checkpoint / "base_adapter").exists():
