@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_layers import MtpModel
 
-from hf_specdec.drafters.mtp_layers import attach_mtp
+from hf_specdec.mtp.layers import attach_mtp
 
 # How often the `mtp` path draws each architecture (the names of `fuzz_models.ARCHS`), relative.
 MTP_WEIGHTS = {

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_specdec import greedy_accept, point_draft_sampling, residual_distribution, speculative_sampling
-from hf_specdec.drafters.base import chain_proposal
 from hf_specdec.generation.acceptance import greedy_accept_chain, greedy_accept_tree, sample_accept_tree
+from hf_specdec.generation.drafter import chain_proposal
 from hf_specdec.trees.row_trees import RowTrees
 
 

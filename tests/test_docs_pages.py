@@ -553,13 +553,13 @@ def _export_default(option: str) -> object:
 
 
 def _entry(name: str) -> object:
-    from hf_specdec.generation import entry
+    from hf_specdec.api import entry
 
     return getattr(entry, name)
 
 
 def _lookup_ngram() -> int:
-    from hf_specdec.drafters.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE
+    from hf_specdec.generation.arguments import DEFAULT_MAX_MATCHING_NGRAM_SIZE
 
     return DEFAULT_MAX_MATCHING_NGRAM_SIZE
 

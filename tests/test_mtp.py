@@ -31,11 +31,11 @@ from transformers.cache_utils import MtpCache
 from transformers.modeling_layers import MtpModel
 
 import hf_specdec
-from hf_specdec.drafters.mtp import MtpDrafter
-from hf_specdec.drafters.mtp_decoding import mtp_decode
-from hf_specdec.drafters.mtp_layers import attach_mtp, mtp_layers
 from hf_specdec.generation.decisions import SpeculationGate, SpeculativeCosts
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
+from hf_specdec.mtp.chain import MtpDrafter
+from hf_specdec.mtp.decoding import mtp_decode
+from hf_specdec.mtp.layers import attach_mtp, mtp_layers
 from hf_specdec.trees.dynamic import DynamicTree
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
 

@@ -13,6 +13,11 @@ is an edge to `P.name` when that is a module, else to `P` (the package's `__init
 package count; the implicit import of a module's parent packages does not (an `__init__` that re-exports its
 modules would otherwise put every module on a cycle).
 
+The same check runs between the package's subpackages (and top-level modules), each taken as one node with
+every import of any of its modules (`package_graph`): no subpackage may import one that imports it back, directly
+or around a circle, so the subpackages stack in layers, each importing only those below it (printed, lowest
+first, when there is no cycle).
+
 Prints every cycle found (one per strongly connected component, with the component's other members) and
 exits with status 1 if there is any, 0 otherwise.
 """
@@ -23,7 +28,7 @@ import argparse
 import ast
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 DEFAULT_PACKAGE = Path("src") / "hf_specdec"
@@ -116,7 +121,43 @@ def import_graph(package_dir: Path, deferred: bool = False) -> dict[str, dict[st
     return graph
 
 
-def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
+    """`graph` with every module replaced by its subpackage of the root (`hf_specdec.generation.loop` ->
+    `hf_specdec.generation`; a top-level module stays itself): an edge where any module of one imports any
+    module of the other, with one such import (`"module line N"`). The root package's own
+    `__init__` is left out: it re-exports from every layer, and nothing inside imports it."""
+    root = min(graph, key=len)
+    result: dict[str, dict[str, str]] = {}
+    for module, edges in graph.items():
+        if module == root:
+            continue
+        source = _subpackage(module, root)
+        targets = result.setdefault(source, {})
+        for target, line in edges.items():
+            if target != root and (package := _subpackage(target, root)) != source:
+                targets.setdefault(package, f"{module} line {line}")
+    return result
+
+
+def _subpackage(module: str, root: str) -> str:
+    return ".".join(module.split(".")[: len(root.split(".")) + 1])
+
+
+def layers(graph: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
+    """The nodes of an acyclic `graph` by layer, lowest first: each imports only nodes of layers below it."""
+    level: dict[str, int] = {}
+
+    def depth(node: str) -> int:
+        if node not in level:
+            level[node] = 1 + max((depth(target) for target in graph.get(node, {})), default=-1)
+        return level[node]
+
+    for node in graph:
+        depth(node)
+    return [sorted(n for n in level if level[n] == k) for k in range(max(level.values(), default=-1) + 1)]
+
+
+def strongly_connected(graph: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
     """Tarjan's strongly connected components with more than one module, each sorted, in sorted order."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -152,7 +193,7 @@ def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return sorted(components)
 
 
-def shortest_cycle(graph: dict[str, dict[str, int]], component: list[str]) -> list[str]:
+def shortest_cycle(graph: Mapping[str, Mapping[str, object]], component: list[str]) -> list[str]:
     """A shortest cycle through the component's first module, as a list of modules ending where it starts."""
     members = set(component)
     start = component[0]
@@ -186,20 +227,35 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.package / "__init__.py").is_file():
         parser.error(f"{args.package} is not a package folder (no __init__.py)")
     graph = import_graph(args.package, deferred=args.deferred)
-    components = strongly_connected(graph)
     kind = "imports (deferred ones included)" if args.deferred else "module-level imports"
+    modules = report(graph, "modules", kind)
+    packages = package_graph(graph)
+    subpackages = report(packages, "subpackages", kind)
+    if not subpackages:
+        for number, layer in enumerate(layers(packages)):
+            print(f"layer {number}: {', '.join(name.rsplit('.', 1)[1] for name in layer)}")
+    return 1 if modules or subpackages else 0
+
+
+def report(graph: Mapping[str, Mapping[str, int | str]], nodes: str, kind: str) -> int:
+    """Print the cycles of `graph` (whose nodes are `nodes`); the number of cycles."""
+    components = strongly_connected(graph)
     for component in components:
         cycle = shortest_cycle(graph, component)
-        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle))
+        steps = " -> ".join(f"{a} ({_where(graph[a][b])})" for a, b in itertools.pairwise(cycle))
         print(f"cycle: {steps} -> {cycle[-1]}")
         others = [m for m in component if m not in cycle]
         if others:
             print(f"  also on cycles with them: {', '.join(others)}")
     if components:
-        print(f"{len(components)} import cycle(s) among {len(graph)} modules ({kind}).")
-        return 1
-    print(f"no import cycles among {len(graph)} modules ({kind}).")
+        print(f"{len(components)} import cycle(s) among {len(graph)} {nodes} ({kind}).")
+        return len(components)
+    print(f"no import cycles among {len(graph)} {nodes} ({kind}).")
     return 0
+
+
+def _where(edge: int | str) -> str:
+    return f"line {edge}" if isinstance(edge, int) else edge
 
 
 if __name__ == "__main__":

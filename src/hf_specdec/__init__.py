@@ -1,5 +1,7 @@
 """hf_specdec: lossless speculative decoding for Hugging Face transformers causal LMs, at any batch size."""
 
+from hf_specdec.api.entry import speculative_generate
+from hf_specdec.api.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.drafters.decoding import speculative_decode
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.lookup import PromptLookupDrafter
@@ -10,8 +12,6 @@ from hf_specdec.generation.acceptance import (
     speculative_sampling,
 )
 from hf_specdec.generation.decisions import SpeculativeCosts
-from hf_specdec.generation.entry import speculative_generate
-from hf_specdec.generation.mixin import SpeculativeGenerationMixin, speculative
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput, SpeculativeStats
 from hf_specdec.medusa import DraftHeads, MedusaConfig, MedusaForCausalLM, MedusaHeads, RecurrentHeads
 from hf_specdec.medusa.eagle import EagleHeads

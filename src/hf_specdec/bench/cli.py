@@ -13,6 +13,7 @@ import torch
 import transformers
 
 import hf_specdec
+from hf_specdec.api.mixin import speculative
 from hf_specdec.bench.cost_curve import verify_cost_curve
 from hf_specdec.bench.markdown import command_line, machine
 from hf_specdec.bench.methods import METHODS, NAMED_HEADS, PATTERNS, Method, heads_name, method_by_name, names_heads
@@ -31,7 +32,6 @@ from hf_specdec.cli_args import (
     require_zoo_converter,
 )
 from hf_specdec.extras import require
-from hf_specdec.generation.mixin import speculative
 from hf_specdec.zoo import load_model
 
 if TYPE_CHECKING:

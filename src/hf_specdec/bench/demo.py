@@ -15,9 +15,9 @@ import torch
 from transformers import PreTrainedModel
 
 import hf_specdec
+from hf_specdec.api.entry import DEFAULT_NUM_ASSISTANT_TOKENS
 from hf_specdec.bench.prompts import chat_inputs
 from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
-from hf_specdec.generation.entry import DEFAULT_NUM_ASSISTANT_TOKENS
 from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.zoo import load_model
 

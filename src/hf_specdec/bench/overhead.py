@@ -27,11 +27,11 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from hf_specdec.api.mixin import speculative
 from hf_specdec.bench.cost_curve import synchronize
 from hf_specdec.bench.host_ops import count_host_ops
 from hf_specdec.bench.host_reads import count_host_reads
 from hf_specdec.generation.decisions import SpeculativeCosts
-from hf_specdec.generation.mixin import speculative
 from hf_specdec.medusa.config import MedusaConfig
 from hf_specdec.medusa.model import MedusaForCausalLM
 

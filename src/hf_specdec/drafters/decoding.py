@@ -1,7 +1,7 @@
 """Decoding with a draft model, prompt lookup, or both: the drafter these paths use, handed to the loop.
 
 `speculative_decode` is what `generate(assistant=... | prompt_lookup_num_tokens=...)` runs (see
-`hf_specdec.generation.mixin`): it picks the drafter (a draft model's chain or tree, prompt lookup, or the two
+`hf_specdec.api.mixin`): it picks the drafter (a draft model's chain or tree, prompt lookup, or the two
 together) and runs the one decoding loop, `hf_specdec.generation.loop.decode`, with it.
 """
 
@@ -14,7 +14,6 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.drafters.base import Drafter, DraftingContext
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.draft_tree import DraftTreeDrafter
@@ -23,6 +22,7 @@ from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.text_alignment import Tokenizers
 from hf_specdec.drafters.translated import TranslatedDrafter
 from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
+from hf_specdec.generation.drafter import Drafter, DraftingContext
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.generation.validation import check_other_tokenizer_settings

@@ -16,10 +16,10 @@ from torch.nn import functional
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.prefill import prefill_by_span

@@ -31,12 +31,12 @@ import dataclasses
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.drafters.base import Accepted, Proposal, chain_proposal, committed_tokens
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import Accepted, Proposal, chain_proposal, committed_tokens
 from hf_specdec.generation.processing import RaggedLogitsProcessor, score_nodes
 from hf_specdec.generation.readback import HostReads
 from hf_specdec.generation.sequences import TokenBuffer

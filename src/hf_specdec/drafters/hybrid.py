@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.drafters.base import Accepted, Chain, ChainDrafter
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.decisions import CostModel, lookup_pays_more
 from hf_specdec.generation.decisions.constants import MODEL_STEP_SMOOTHING
+from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter
 from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 

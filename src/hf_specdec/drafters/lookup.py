@@ -32,16 +32,12 @@ import numpy as np
 import torch
 
 from hf_specdec.drafters.acceptance_history import HistoryByMatchSize
-from hf_specdec.drafters.base import Chain, ChainDrafter
 from hf_specdec.generation.decisions import CostModel, shared_width
+from hf_specdec.generation.drafter import Chain, ChainDrafter
 from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.lookup_graft import graft_chains
 from hf_specdec.trees.row_trees import RowTrees
-
-# `max_matching_ngram_size` by default. Transformers' is 2; 3-token matches are right far more often (see the
-# module's docstring), and a row falls back to shorter matches when there is none.
-DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 
 
 def lookup_continuation(tokens: Sequence[int], max_ngram_size: int, num_tokens: int) -> tuple[list[int], int]:

@@ -35,12 +35,12 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from hf_specdec.drafters.base import Chain, ChainDrafter, DraftingContext
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import sample_draft
 from hf_specdec.drafters.shared_vocab import SharedVocabulary, shared_vocabulary
 from hf_specdec.drafters.text_alignment import CONTEXT, RowAlignment, Tokenizers, target_proposal
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import Chain, ChainDrafter, DraftingContext
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.readback import StepOutcome

@@ -28,8 +28,11 @@ from typing import Any
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from hf_specdec.drafters.lookup import DEFAULT_MAX_MATCHING_NGRAM_SIZE
 from hf_specdec.generation.decisions import SpeculativeCosts
+
+# `max_matching_ngram_size` by default. Transformers' is 2; 3-token matches are right far more often
+# (`hf_specdec.drafters.lookup`), and a row falls back to shorter matches when there is none.
+DEFAULT_MAX_MATCHING_NGRAM_SIZE = 3
 
 # Settings transformers would act on itself if they reached its `generate()`.
 LOOKUP_SETTINGS = ("prompt_lookup_num_tokens", "max_matching_ngram_size")

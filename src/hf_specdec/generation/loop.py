@@ -10,10 +10,10 @@ the target's distribution exactly) and adds one token of the target's own; the p
 tokens, the target's KV cache and the drafter. Every row of the batch runs its own acceptance; finished rows
 leave the batch.
 
-The loop knows drafters only through their protocol (`hf_specdec.drafters.base`): draft models and prompt lookup
+The loop knows drafters only through their protocol (`hf_specdec.generation.drafter`): draft models and prompt lookup
 enter through `hf_specdec.drafters.decoding.speculative_decode` (`generate(assistant=... |
 prompt_lookup_num_tokens=...)`), Medusa and EAGLE heads through `hf_specdec.medusa.decoding.medusa_decode`, a
-model's own multi-token-prediction layers through `hf_specdec.drafters.mtp_decoding.mtp_decode`
+model's own multi-token-prediction layers through `hf_specdec.mtp.decoding.mtp_decode`
 (`generate(use_mtp=True)`).
 """
 
@@ -25,9 +25,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.drafters.base import DrafterFactory
 from hf_specdec.generation.continuation import Continuation
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import DrafterFactory
 from hf_specdec.generation.inputs import check_prompts
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.generation.positions import check_position_limits

@@ -14,7 +14,6 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hf_specdec.drafters.base import Accepted, DrafterFactory, DraftingContext, Proposal, chain_proposal
 from hf_specdec.generation.acceptance import (
     greedy_accept_chain,
     greedy_accept_tree,
@@ -23,6 +22,7 @@ from hf_specdec.generation.acceptance import (
 )
 from hf_specdec.generation.continuation import Continuation
 from hf_specdec.generation.decisions import CostModel, SpeculationGate
+from hf_specdec.generation.drafter import Accepted, DrafterFactory, DraftingContext, Proposal, chain_proposal
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores

@@ -16,9 +16,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from hf_specdec.drafters.base import DrafterFactory
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
+from hf_specdec.generation.drafter import DrafterFactory
 from hf_specdec.generation.loop import ACCEPTANCE, decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.drafter import MedusaDrafter

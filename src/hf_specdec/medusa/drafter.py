@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, committed_tokens
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import Accepted, DraftingContext, Proposal, committed_tokens
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.medusa.heads import DraftHeads
 from hf_specdec.trees.dynamic import DynamicTree

@@ -16,23 +16,39 @@ exactly (`acceptance.sample_accept_tree`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, append_pending, committed_tokens
 from hf_specdec.drafters.draft_tree import FrontierAncestry
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import Accepted, DraftingContext, Proposal, append_pending, committed_tokens
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
-from hf_specdec.medusa.sequence_heads import SequenceHeads
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
 
-if TYPE_CHECKING:
-    from hf_specdec.drafters.mtp_tree import MtpFeatureHead
+
+class FeatureHead(Protocol):
+    """What `EagleDrafter` drives: EAGLE heads (`SequenceHeads`) or a model's own MTP layer
+    (`hf_specdec.mtp.tree.MtpFeatureHead`)."""
+
+    feature_layers: tuple[int, ...]  # the base's hidden states it reads
+    decoder: Any  # run through a `CachedSequence`: it keeps its own KV cache
+
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def from_target(self, states: torch.Tensor) -> torch.Tensor: ...
+
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor: ...
+
+    def project(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor: ...
+
+    def to_token_ids(self, indices: torch.Tensor) -> torch.Tensor: ...
 
 
 class EagleDrafter:
@@ -40,7 +56,7 @@ class EagleDrafter:
 
     Args:
         context (`DraftingContext`): the loop's context (the base's lm_head and embeddings are read).
-        heads (`SequenceHeads` or `MtpFeatureHead`): the head (a model's own MTP layer drives the same way).
+        heads (`FeatureHead`): the head (`SequenceHeads`; a model's own MTP layer drives the same way).
         tree (`DynamicTree`): the tree to grow, with its depth set.
         prompt_lookup (`PromptLookupDrafter`, *optional*): also graft each row's prompt-lookup continuation onto
             its tree, as far as the measured acceptance of its matches pays for verifying it.
@@ -51,7 +67,7 @@ class EagleDrafter:
     def __init__(
         self,
         context: DraftingContext,
-        heads: SequenceHeads | MtpFeatureHead,
+        heads: FeatureHead,
         tree: DynamicTree,
         prompt_lookup: PromptLookupDrafter | None = None,
         adaptive: bool = True,

@@ -28,7 +28,7 @@ from accelerate import PartialState
 from tqdm.auto import tqdm
 from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_specdec.generation.entry import speculative_generate
+from hf_specdec.api.entry import speculative_generate
 from hf_specdec.generation.validation import eos_token_ids
 from hf_specdec.medusa.loss import IGNORE_INDEX
 from hf_specdec.training.data import to_messages

@@ -1,5 +1,5 @@
 """The model's own multi-token-prediction (MTP) layers as a drafter: with K layers, a chain of K tokens per row
-and step (`hf_specdec.drafters.mtp_layers` says what a layer computes).
+and step (`hf_specdec.mtp.layers` says what a layer computes).
 
 Slots are the committed positions t of a row. Layer k's cache holds slot t once the token it reads there,
 x_{t+k+1}, is committed; the layers' caches thus end k slots apart. A step whose root (the row's last committed
@@ -24,12 +24,12 @@ from __future__ import annotations
 import torch
 from transformers.modeling_layers import MtpModel
 
-from hf_specdec.drafters.base import Accepted, DraftingContext, Proposal, append_pending, chain_proposal
 from hf_specdec.drafters.draft_model import sample_draft
-from hf_specdec.drafters.mtp_layers import MtpLayerStep, layer_sequence, mtp_logits
 from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.drafter import Accepted, DraftingContext, Proposal, append_pending, chain_proposal
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.sequences import TokenBuffer
+from hf_specdec.mtp.layers import MtpLayerStep, layer_sequence, mtp_logits
 from hf_specdec.trees.masks import chain_structure
 
 

@@ -12,8 +12,6 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.drafters.mtp_decoding import mtp_decode
-from hf_specdec.drafters.mtp_layers import mtp_layers
 from hf_specdec.generation.arguments import (
     cache_given,
     check_loop_kwargs,
@@ -24,6 +22,8 @@ from hf_specdec.generation.arguments import (
     withhold,
 )
 from hf_specdec.generation.inputs import check_generate_arguments
+from hf_specdec.mtp.decoding import mtp_decode
+from hf_specdec.mtp.layers import mtp_layers
 from hf_specdec.trees.dynamic import DynamicTree
 
 PATH = "`use_mtp=True`"

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers.modeling_layers import MtpModel
 
-from hf_specdec.drafters.mtp_layers import MtpLayerStep, mtp_logits
+from hf_specdec.mtp.layers import MtpLayerStep, mtp_logits
 from hf_specdec.trees.dynamic import DynamicTree
 
 #: How deep a tree grows by default (at most; adaptive growth stops where a depth does not pay).

@@ -31,7 +31,6 @@ from hf_specdec.drafters.draft_length import SCHEDULES, DraftLengthPolicy
 from hf_specdec.drafters.draft_tree import draft_tree_spec
 from hf_specdec.drafters.early_exit import early_exit_draft
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.drafters.mtp_generate import generate_with_mtp, wants_mtp
 from hf_specdec.drafters.text_alignment import Tokenizers
 from hf_specdec.drafters.vocab import check_token_ids
 from hf_specdec.generation.arguments import (
@@ -54,6 +53,7 @@ from hf_specdec.generation.validation import (
     other_tokenizers,
     output_vocab_size,
 )
+from hf_specdec.mtp.generate import generate_with_mtp, wants_mtp
 from hf_specdec.trees.dynamic import DynamicTree
 
 # Defaults measured with the benchmark (docs/benchmarks.md); a user's generation config overrides them.

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from hf_specdec.generation.entry import speculative_generate
+from hf_specdec.api.entry import speculative_generate
 from hf_specdec.generation.model_class import SPECULATIVE_CLASS, SPECULATIVE_MIXIN, original_class
 
 

@@ -13,14 +13,14 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_layers import MtpModel
 
-from hf_specdec.drafters.base import Drafter, DrafterFactory, DraftingContext
-from hf_specdec.drafters.mtp import MtpDrafter
-from hf_specdec.drafters.mtp_layers import mtp_layers
-from hf_specdec.drafters.mtp_tree import MtpFeatureHead, mtp_tree
 from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, weight_count
+from hf_specdec.generation.drafter import Drafter, DrafterFactory, DraftingContext
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
+from hf_specdec.mtp.chain import MtpDrafter
+from hf_specdec.mtp.layers import mtp_layers
+from hf_specdec.mtp.tree import MtpFeatureHead, mtp_tree
 from hf_specdec.trees.dynamic import DynamicTree
 
 
@@ -31,7 +31,7 @@ def mtp_drafter_for(
     adaptive: bool = True,
 ) -> DrafterFactory:
     """The drafter factory for `model`'s MTP layers (`mtp`, else the ones attached to it or loaded from its
-    checkpoint: `mtp_layers.mtp_layers`): chains, or trees with `tree=` (grown as far as they pay when
+    checkpoint: `layers.mtp_layers`): chains, or trees with `tree=` (grown as far as they pay when
     `adaptive`, else whole). Refuses a model without MTP layers, and trees on a model with several."""
     layers = mtp_layers(model) if mtp is None else mtp
     if tree is None:
@@ -80,9 +80,9 @@ def mtp_decode(
         input_ids (`torch.LongTensor` of shape `(batch, prompt)`): left-padded prompts.
         logits_processor, stopping_criteria, generation_config: as prepared by `generate()`.
         mtp (`MtpModel`, *optional*): the MTP layers; by default the ones attached to the model
-            (`mtp_layers.attach_mtp`), else loaded once from its checkpoint.
+            (`layers.attach_mtp`), else loaded once from its checkpoint.
         tree (`DynamicTree` or `int`, *optional*): grow a tree per row and step from the (single) MTP layer
-            instead of a chain (a number of nodes: the default shape, `mtp_tree.mtp_tree`).
+            instead of a chain (a number of nodes: the default shape, `tree.mtp_tree`).
         costs (`SpeculativeCosts`, *optional*): fixed costs instead of measured ones.
         adaptive (`bool`): take plain steps where drafting is not expected to pay, and grow trees only as far as
             they pay; otherwise draft (the whole tree) at every step.
