@@ -138,60 +138,114 @@ def speculative_generate(
         `GenerateDecoderOnlyOutput` with the call's `speculative` statistics) with `return_dict_in_generate=True`.
     """
     plain = transformers_generate(model) if plain_generate is None else plain_generate
-    custom = kwargs.get("custom_generate")
-    drafts = any(x is not None for x in (assistant, tree, assistant_vocab, kwargs.get("assistant_model")))
-    if (
-        isinstance(custom, str)
-        or (custom is not None and not drafts and not kwargs.get("prompt_lookup_num_tokens"))
-        or _transformers_only(model, kwargs.get("assistant_model"), generation_config, kwargs)
-    ):
-        # A generation recipe on the Hub (or in a local folder): transformers loads it and hands it every
-        # argument, the speculative ones included; it decides what to do with them. A decoding loop of the
-        # caller's own, with no draft asked for. Transformers' methods this loop does not run: transformers'
-        # own, untouched.
-        named = {"assistant": assistant, "assistant_vocab": assistant_vocab, "tree": tree}
-        extra = {name: value for name, value in named.items() if value is not None}
-        return plain(inputs, generation_config, *args, **extra, **kwargs)
+    drafts = {"assistant": assistant, "assistant_vocab": assistant_vocab, "tree": tree}
+    if _for_transformers(model, generation_config, kwargs, drafts):
+        given = {name: value for name, value in drafts.items() if value is not None}
+        return plain(inputs, generation_config, *args, **given, **kwargs)
     assistant, generation_config, kwargs = _draft_model_argument(model, assistant, generation_config, kwargs)
-    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
-        speculative_call = any(x is not None for x in (assistant, tree, assistant_vocab))
-        if not speculative_call and not kwargs.get("prompt_lookup_num_tokens"):  # plain generate()'s own error
-            return plain(inputs, generation_config, *args, **kwargs)
-        check_generation_config_type(generation_config)
+    drafts["assistant"] = assistant
+    if _plain_refuses_the_config(generation_config, kwargs, drafts):
+        return plain(inputs, generation_config, *args, **kwargs)
     if wants_mtp(model, generation_config, kwargs):
-        drafters = {"tree": tree, "assistant": assistant, "assistant_vocab": assistant_vocab}
-        return generate_with_mtp(model, plain, inputs, generation_config, args, kwargs, **drafters)
-    lookup_tokens = requested(model, generation_config, kwargs, "prompt_lookup_num_tokens")
-    if assistant is None and assistant_vocab is not None:
-        raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
-    if assistant is None and tree is not None:
-        raise ValueError(
-            "`tree=` is the tree a draft model grows: pass `assistant=` too (Medusa heads take "
-            "`tree=` in MedusaForCausalLM.generate(medusa=True))."
-        )
-    if assistant is None and lookup_tokens is None:
+        return generate_with_mtp(model, plain, inputs, generation_config, args, kwargs, **drafts)
+    if not _drafting_asked(model, generation_config, kwargs, drafts):
         return plain(inputs, generation_config, *args, **kwargs)
     path = "`assistant=`" if assistant is not None else "prompt lookup"
     if args:
         raise TypeError(f"Pass generate()'s arguments after `generation_config` by keyword with {path}.")
     check_generate_arguments(model, inputs, kwargs, path)
     check_loop_kwargs(kwargs, path)
-    tokenizers = None
-    if assistant is not None:
-        assistant = as_draft_model(assistant)
-        tokenizer, assistant_tokenizer = kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None)
-        check_models(model, assistant, tokenizer, assistant_tokenizer)
-        if other_tokenizers(tokenizer, assistant_tokenizer):  # the draft drafts through text
-            check_other_tokenizer_settings(tree, assistant_vocab, lookup_tokens)
-            tokenizers = Tokenizers(tokenizer, assistant_tokenizer)
-    if assistant_vocab is not None:
-        assert assistant is not None
-        assistant_vocab = check_token_ids(
-            torch.as_tensor(assistant_vocab),
-            min(output_vocab_size(model), output_vocab_size(assistant)),
-            "`assistant_vocab`",
+    assistant, assistant_vocab, tokenizers = _draft_model(model, generation_config, kwargs, drafts)
+    loop = _loop_settings(model, generation_config, kwargs, assistant, tree)
+    generation_config, kwargs = withhold(model, generation_config, kwargs, (*LOOKUP_SETTINGS, ENSEMBLE))
+    generation_config, kwargs = with_stop_strings(model, generation_config, kwargs)
+    decode = functools.partial(
+        speculative_decode,
+        assistant=assistant,
+        assistant_vocab=assistant_vocab,
+        tree=None if tree is None else draft_tree_spec(tree),
+        tokenizers=tokenizers,
+        streamer=kwargs.get("streamer"),
+        continue_cache=cache_given(kwargs),
+        **loop,
+    )
+    return plain(inputs, generation_config, custom_generate=decode, **kwargs)
+
+
+def _for_transformers(
+    model: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any], drafts: dict[str, Any]
+) -> bool:
+    """Whether the call goes to transformers' `generate()` as it is: a generation recipe on the Hub (or in a local
+    folder; transformers loads it and hands it every argument, the speculative ones included), a decoding loop of
+    the caller's own with no draft asked for, or one of transformers' methods this loop does not run."""
+    custom = kwargs.get("custom_generate")
+    drafting = any(value is not None for value in drafts.values()) or kwargs.get("assistant_model") is not None
+    return (
+        isinstance(custom, str)
+        or (custom is not None and not drafting and not kwargs.get("prompt_lookup_num_tokens"))
+        or _transformers_only(model, kwargs.get("assistant_model"), generation_config, kwargs)
+    )
+
+
+def _plain_refuses_the_config(
+    generation_config: GenerationConfig | None, kwargs: dict[str, Any], drafts: dict[str, Any]
+) -> bool:
+    """Whether `generation_config` is not a `GenerationConfig` in a call that asks for no drafting: plain
+    `generate()` then gives its own error. With drafting, such a config is refused here."""
+    if generation_config is None or isinstance(generation_config, GenerationConfig):
+        return False
+    if not any(value is not None for value in drafts.values()) and not kwargs.get("prompt_lookup_num_tokens"):
+        return True
+    check_generation_config_type(generation_config)
+    return False
+
+
+def _drafting_asked(
+    model: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any], drafts: dict[str, Any]
+) -> bool:
+    """Whether the call drafts with a draft model or prompt lookup; the draft model's own settings without one
+    are refused."""
+    if drafts["assistant"] is None and drafts["assistant_vocab"] is not None:
+        raise ValueError("`assistant_vocab` restricts the draft of `assistant=`: pass a draft model too.")
+    if drafts["assistant"] is None and drafts["tree"] is not None:
+        raise ValueError(
+            "`tree=` is the tree a draft model grows: pass `assistant=` too (Medusa heads take "
+            "`tree=` in MedusaForCausalLM.generate(medusa=True))."
         )
-    costs = speculative_costs_argument(kwargs)
+    lookup_tokens = requested(model, generation_config, kwargs, "prompt_lookup_num_tokens")
+    return drafts["assistant"] is not None or lookup_tokens is not None
+
+
+def _draft_model(
+    model: PreTrainedModel, generation_config: GenerationConfig | None, kwargs: dict[str, Any], drafts: dict[str, Any]
+) -> tuple[PreTrainedModel | None, torch.Tensor | None, Tokenizers | None]:
+    """The draft model checked against the target, its draft vocabulary checked, and the two tokenizers where the
+    draft drafts through text (`assistant_tokenizer` is taken out of `kwargs`)."""
+    assistant, assistant_vocab, tokenizers = drafts["assistant"], drafts["assistant_vocab"], None
+    if assistant is None:
+        return None, None, None
+    assistant = as_draft_model(assistant)
+    tokenizer, assistant_tokenizer = kwargs.get("tokenizer"), kwargs.pop("assistant_tokenizer", None)
+    check_models(model, assistant, tokenizer, assistant_tokenizer)
+    if other_tokenizers(tokenizer, assistant_tokenizer):  # the draft drafts through text
+        lookup_tokens = requested(model, generation_config, kwargs, "prompt_lookup_num_tokens")
+        check_other_tokenizer_settings(drafts["tree"], assistant_vocab, lookup_tokens)
+        tokenizers = Tokenizers(tokenizer, assistant_tokenizer)
+    if assistant_vocab is not None:
+        vocab_size = min(output_vocab_size(model), output_vocab_size(assistant))
+        assistant_vocab = check_token_ids(torch.as_tensor(assistant_vocab), vocab_size, "`assistant_vocab`")
+    return assistant, assistant_vocab, tokenizers
+
+
+def _loop_settings(
+    model: PreTrainedModel,
+    generation_config: GenerationConfig | None,
+    kwargs: dict[str, Any],
+    assistant: PreTrainedModel | None,
+    tree: DynamicTree | int | None,
+) -> dict[str, Any]:
+    """`speculative_decode`'s settings from the call's arguments, checked: the draft length schedule, prompt
+    lookup, fixed costs and the (lossy, opt-in) ensemble weight."""
     lookup = lookup_settings(model, generation_config, kwargs)
     schedule = _pick(requested(model, generation_config, kwargs, "num_assistant_tokens_schedule"), DEFAULT_SCHEDULE)
     if schedule not in SCHEDULES:
@@ -209,23 +263,12 @@ def speculative_generate(
     prompt_lookup = None
     if lookup is not None:
         prompt_lookup = PromptLookupDrafter(lookup.num_tokens, lookup.max_ngram_size, adaptive=schedule != "constant")
-    ensemble_weight = _ensemble_weight(model, generation_config, kwargs, assistant, lookup is not None)
-    generation_config, kwargs = withhold(model, generation_config, kwargs, (*LOOKUP_SETTINGS, ENSEMBLE))
-    generation_config, kwargs = with_stop_strings(model, generation_config, kwargs)
-    decode = functools.partial(
-        speculative_decode,
-        assistant=assistant,
-        prompt_lookup=prompt_lookup,
-        draft_length=policy,
-        costs=costs,
-        assistant_vocab=assistant_vocab,
-        tree=None if tree is None else draft_tree_spec(tree),
-        tokenizers=tokenizers,
-        streamer=kwargs.get("streamer"),
-        continue_cache=cache_given(kwargs),
-        ensemble_weight=ensemble_weight,
-    )
-    return plain(inputs, generation_config, custom_generate=decode, **kwargs)
+    return {
+        "prompt_lookup": prompt_lookup,
+        "draft_length": policy,
+        "costs": speculative_costs_argument(kwargs),
+        "ensemble_weight": _ensemble_weight(model, generation_config, kwargs, assistant, lookup is not None),
+    }
 
 
 ENSEMBLE = "assistant_ensemble_weight"
