@@ -89,10 +89,7 @@ def decode(
         `SpeculativeDecoderOnlyOutput` when `return_dict_in_generate=True`.
     """
     check_generation_config(generation_config, per_token_scores=True, path=path)
-    if acceptance not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}.")
-    if acceptance == "typical" and not generation_config.do_sample:
-        raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
+    _check_acceptance(generation_config, acceptance, ensemble_weight)
     attention_mask = model_kwargs.pop("attention_mask", None)
     cache = model_kwargs.pop("cache", None)
     reject_model_kwargs(model_kwargs)
@@ -105,11 +102,6 @@ def decode(
     fill_output = input_ids.shape[0] == 1 and generation_config.return_dict_in_generate
     if cache is not None and (continue_cache or fill_output):
         continuation = Continuation(cache, input_ids, attention_mask, path)
-    if ensemble_weight is not None and not generation_config.do_sample:
-        raise ValueError(
-            "`assistant_ensemble_weight` mixes the draft's distribution into the target's when sampling: pass "
-            "do_sample=True, or drop it (greedy speculative decoding already returns plain greedy's tokens)."
-        )
     accept = AcceptanceRule(
         bool(generation_config.do_sample), acceptance == "typical", typical_epsilon, typical_delta, generator,
         ensemble_weight,
@@ -138,4 +130,17 @@ def reject_model_kwargs(model_kwargs: dict[str, Any]) -> None:
         raise ValueError(
             f"Speculative decoding takes `input_ids` and `attention_mask` only; got {unsupported}. "
             "Run plain `generate()` (without `assistant=` or `medusa=True`) for these inputs."
+        )
+
+
+def _check_acceptance(generation_config: GenerationConfig, acceptance: str, ensemble_weight: float | None) -> None:
+    """The acceptance rule asked for, against the call's decoding: the lossy rules are sampling rules."""
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}.")
+    if acceptance == "typical" and not generation_config.do_sample:
+        raise ValueError("Typical acceptance is a sampling rule: pass do_sample=True, or use the exact rule.")
+    if ensemble_weight is not None and not generation_config.do_sample:
+        raise ValueError(
+            "`assistant_ensemble_weight` mixes the draft's distribution into the target's when sampling: pass "
+            "do_sample=True, or drop it (greedy speculative decoding already returns plain greedy's tokens)."
         )

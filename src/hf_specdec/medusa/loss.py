@@ -3,6 +3,28 @@
 At position i the base's lm_head predicts token i + 1; head k (counting from 0) predicts token i + 2 + k,
 so its labels are the input ids shifted left by k + 2. Heads further ahead are harder and count less:
 head k's loss is weighted by `decay ** k` (Medusa uses 0.8).
+
+With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
+carry no label, so they are skipped before the projection. Depth i (head i) at position t learns token
+t + 2 + i:
+
+- Heads that read the drafted tokens (recurrent ones) are teacher-forced with the data's tokens
+  t + 1 .. t + 1 + i (`input_ids`, else the labels) and learn at every labelled position: whatever the text,
+  their target is what the base does after exactly the tokens they read, so every position is a
+  consistent example (EAGLE's recipe).
+- Heads that do not (Medusa's) cannot see those tokens, so they learn only where they are the base's own
+  choices (`following_tokens`), which is where their guess matters at decoding time.
+
+- Heads that read whole sequences (EAGLE-style) are unrolled over them (`EagleHeads.unroll`, the
+  training-time test: depth i drafts from the head's own predictions of depth i - 1, as at decoding time)
+  and trained like recurrent heads, plus a regression of their predicted features on the base's
+  (smooth L1, weighted by `feature_weight`: EAGLE-1 and 2's feature loss).
+
+Targets are the labels (cross-entropy), or with `soft_targets` the base's whole next-token distribution
+there, read off its hidden state one position before the label (the KL divergence from it; its logits
+over the draft vocabulary, see `DraftHeads.base_logits`): every position then teaches how likely each
+candidate is, not only which one wins, at no extra forward. The hidden states must be the base's on the
+data's own tokens (a cache made with or without `--relabel_with_base`, or a live forward).
 """
 
 from __future__ import annotations
@@ -118,27 +140,7 @@ def medusa_objective(
     """The weighted per-depth loss of any draft heads, computed only where it has a label: the one training
     objective (`MedusaForCausalLM.forward` computes it, and `MedusaTrainer` trains through that forward).
 
-    With large vocabularies the heads' logits dominate training memory and time; prompt tokens and padding
-    carry no label, so they are skipped before the projection. Depth i (head i) at position t learns token
-    t + 2 + i:
-
-    - Heads that read the drafted tokens (recurrent ones) are teacher-forced with the data's tokens
-      t + 1 .. t + 1 + i (`input_ids`, else the labels) and learn at every labelled position: whatever the text,
-      their target is what the base does after exactly the tokens they read, so every position is a
-      consistent example (EAGLE's recipe).
-    - Heads that do not (Medusa's) cannot see those tokens, so they learn only where they are the base's own
-      choices (see [`following_tokens`]), which is where their guess matters at decoding time.
-
-    - Heads that read whole sequences (EAGLE-style) are unrolled over them (`EagleHeads.unroll`, the
-      training-time test: depth i drafts from the head's own predictions of depth i - 1, as at decoding time)
-      and trained like recurrent heads, plus a regression of their predicted features on the base's
-      (smooth L1, weighted by `feature_weight`: EAGLE-1 and 2's feature loss).
-
-    Targets are the labels (cross-entropy), or with `soft_targets` the base's whole next-token distribution
-    there, read off its hidden state one position before the label (the KL divergence from it; its logits
-    over the draft vocabulary, see `DraftHeads.base_logits`): every position then teaches how likely each
-    candidate is, not only which one wins, at no extra forward. The hidden states must be the base's on the
-    data's own tokens (a cache made with or without `--relabel_with_base`, or a live forward).
+    What each kind of heads learns where, and from which targets, is in the module's docstring.
 
     Args:
         heads (`DraftHeads`), lm_head: the heads and the base's output projection.
@@ -171,18 +173,7 @@ def medusa_objective(
     else:
         read = window[keep][:, :depth].clamp_min(0)
     window, train_run, path_run = window[keep], train_run[keep], path_run[keep]  # (M, depth + 1), (M,), (M,)
-    features: list[torch.Tensor] | None = None
-    if isinstance(heads, SequenceHeads):
-        if embeddings is None or input_ids is None:
-            raise ValueError("EAGLE heads read the sequences: pass `input_ids` and the base's input embeddings.")
-        reads, hidden = heads.split_states(hidden)
-        unrolled = heads.unroll(reads, input_ids, embeddings, attention_mask, depth, needed=keep)
-        features = [f[keep] for f in unrolled]  # (M, H)
-        logits = [heads.project(f, lm_head) for f in features]
-        if not heads.predicts_features:
-            features = None
-    else:
-        logits = heads.depth_logits(hidden[keep], read, lm_head, embeddings)
+    logits, features, hidden = _heads_outputs(heads, lm_head, hidden, keep, read, embeddings, input_ids, attention_mask)
     trains = [depth_targets(window, train_run, k) for k in range(depth)]
     if soft_targets:
         teacher, slot = _teacher_logits(heads, lm_head, hidden, rows, positions, trains)
@@ -197,15 +188,9 @@ def medusa_objective(
             per_head_feature.append(regression)
         if soft_targets:
             targets = teacher[slot[rows[trained], positions[trained] + 1 + k]]
-            loss = kl_divergence(targets, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0
+            per_head.append(kl_divergence(targets, head_logits) if head_logits.shape[0] else head_logits.sum() * 0.0)
         else:
-            index = heads.to_head_index(window[trained, k + 1])  # -1 where the label is outside the vocabulary
-            learnable = index >= 0
-            if learnable.any():
-                loss = functional.cross_entropy(head_logits[learnable].float(), index[learnable])
-            else:
-                loss = head_logits.sum() * 0.0
-        per_head.append(loss)
+            per_head.append(_label_loss(heads, head_logits, window[trained, k + 1]))
         measured = depth_targets(window, path_run, k)
         outputs.append((logits[k][measured].detach(), heads.to_head_index(window[measured, k + 1])))
         measured_rows.append(rows[measured])
@@ -218,6 +203,39 @@ def medusa_objective(
         loss = loss + feature_weight * (weights * feature_tensor).sum()
         feature_tensor = feature_tensor.detach()
     return MedusaObjective(loss, per_head_tensor, outputs, measured_rows, feature_tensor)
+
+
+def _heads_outputs(
+    heads: DraftHeads,
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    keep: torch.Tensor,
+    read: torch.Tensor,
+    embeddings: nn.Module | None,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, torch.Tensor]:
+    """Every depth's logits at the kept positions `(M, vocab)`, the features heads that predict them drafted
+    (`None` for the others), and the base's last hidden states (EAGLE heads' input split off them)."""
+    depth = heads.num_heads
+    if not isinstance(heads, SequenceHeads):
+        return heads.depth_logits(hidden[keep], read, lm_head, embeddings), None, hidden
+    if embeddings is None or input_ids is None:
+        raise ValueError("EAGLE heads read the sequences: pass `input_ids` and the base's input embeddings.")
+    reads, hidden = heads.split_states(hidden)
+    unrolled = heads.unroll(reads, input_ids, embeddings, attention_mask, depth, needed=keep)
+    features = [f[keep] for f in unrolled]  # (M, H)
+    logits = [heads.project(f, lm_head) for f in features]
+    return logits, features if heads.predicts_features else None, hidden
+
+
+def _label_loss(heads: DraftHeads, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of one depth's logits on its labels; labels outside the heads' draft vocabulary add none."""
+    index = heads.to_head_index(labels)  # -1 where the label is outside the vocabulary
+    learnable = index >= 0
+    if not learnable.any():
+        return logits.sum() * 0.0
+    return functional.cross_entropy(logits[learnable].float(), index[learnable])
 
 
 def label_rank_counts(objective: MedusaObjective, batch_size: int, top_k: int) -> torch.Tensor:

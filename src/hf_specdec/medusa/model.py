@@ -7,7 +7,7 @@ import functools
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
@@ -67,6 +67,9 @@ from hf_specdec.medusa.recurrent import RecurrentHeads
 from hf_specdec.medusa.sequence_heads import SequenceHeads, read_states
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import PRESET_SIZES, DraftTree, build_tree, preset_tree, typical_accuracies
+
+if TYPE_CHECKING:
+    from hf_specdec.medusa.loss import MedusaObjective
 
 __all__ = ["ADAPTER_FOLDER", "WEIGHTS_NAME", "MedusaForCausalLM", "local_directory"]
 
@@ -406,29 +409,9 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 (it drafts and verifies token ids: pass `input_ids`). `TypeError` or `ValueError`, naming it, for any
                 argument of the wrong type or value.
         """
-        if not isinstance(medusa, bool):
-            raise TypeError(
-                f"`medusa` must be True (decode with the heads) or False (the base's own generate()), got {medusa!r} "
-                f"({type(medusa).__name__})."
-            )
-        if not medusa:
-            if tree is not None or medusa_acceptance != "exact" or (typical_epsilon, typical_delta) != (0.09, 0.3):
-                raise ValueError(
-                    "`tree`, `medusa_acceptance`, `typical_epsilon` and `typical_delta` apply with `medusa=True` only."
-                )
+        if not _medusa_asked(medusa, tree, medusa_acceptance, typical_epsilon, typical_delta):
             return self.base.generate(*args, **kwargs)
-        if medusa_acceptance not in ACCEPTANCE:
-            raise ValueError(f"medusa_acceptance must be one of {ACCEPTANCE}, got {medusa_acceptance!r}.")
-        check_typical_settings(typical_epsilon, typical_delta)
-        if len(args) > 1:
-            raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
-        check_generate_arguments(self.base, args[0] if args else None, kwargs, "`medusa=True`")
-        for name in ("assistant", "assistant_model", "custom_generate"):
-            if kwargs.get(name) is not None:
-                raise ValueError(
-                    f"`{name}` cannot be combined with `medusa=True`: the heads draft for the base. Drop `{name}`, "
-                    "or call the base's generate() with a draft model instead of the heads."
-                )
+        _check_medusa_call(self.base, args, kwargs, medusa_acceptance, typical_epsilon, typical_delta)
         generation_config = kwargs.pop("generation_config", None)
         prompt_lookup, adaptive = _prompt_lookup(self.base, generation_config, kwargs)
         costs = speculative_costs_argument(kwargs)
@@ -526,38 +509,17 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         sizes = (width, self.config.vocab_size, self.base.get_input_embeddings().num_embeddings)
         check_forward_inputs(sizes, input_ids, attention_mask, labels, hidden_states)
         check_objective_settings(head_decay, soft_targets, distill_weight, rank_top_k, feature_weight)
-        if not isinstance(relabel_with_base, bool):
-            raise TypeError(f"`relabel_with_base` must be True or False, got {relabel_with_base!r}.")
-        if feature_weight != 1.0 and not (isinstance(self.heads, SequenceHeads) and self.heads.predicts_features):
-            raise ValueError(
-                f"feature_weight={feature_weight} weighs a feature regression that {type(self.heads).__name__} do not "
-                "train with (EAGLE-1-style heads do): drop it."
-            )
+        self._check_objective(feature_weight, relabel_with_base)
         if labels is None:
             if hidden_states is None:
                 hidden_states = self._base_hidden_states(input_ids, attention_mask)
             return {"head_logits": self._head_logits(hidden_states.to(self.heads.dtype), input_ids, attention_mask)}
         # The training objective, loaded when labels ask for it: model code does not depend on the loss.
-        from hf_specdec.medusa.loss import head_weights, kl_divergence, label_rank_counts, medusa_objective
+        from hf_specdec.medusa.loss import head_weights, medusa_objective
 
         base_loss = None
         if hidden_states is None and self.base_trains:
-            if input_ids is None:
-                raise ValueError("A base that trains needs `input_ids`.")
-            if not hasattr(self.base, "disable_adapter"):
-                raise ValueError(
-                    "The base's own weights train (some require grad) but it has no adapters, so there is no frozen "
-                    "base to distil from: freeze it with `model.freeze_base()` (only the heads train), or train it "
-                    "through LoRA adapters (`peft.get_peft_model`), or pass the base's cached `hidden_states`."
-                )
-            out = self.base(
-                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(self._state_layers)
-            )
-            hidden_states = torch.cat([out.hidden_states[i] for i in self._state_layers], dim=-1)
-            with torch.no_grad(), self.base.disable_adapter():
-                reference = self.base(input_ids=input_ids, attention_mask=attention_mask).logits
-            keep = labels != IGNORE_INDEX  # the positions whose predictions matter
-            base_loss = distill_weight * kl_divergence(reference[keep], out.logits[keep])
+            hidden_states, base_loss = self._training_base_states(input_ids, attention_mask, labels, distill_weight)
         elif hidden_states is None:
             with torch.no_grad():
                 hidden_states = self._base_hidden_states(input_ids, attention_mask).detach()
@@ -578,15 +540,45 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
             attention_mask=attention_mask,
             feature_weight=feature_weight,
         )
-        result = {"loss": objective.loss, "per_head_loss": objective.per_head.detach()}
-        if objective.per_head_feature is not None:
-            result["per_head_feature_loss"] = objective.per_head_feature
-        if base_loss is not None:
-            result["loss"] = result["loss"] + base_loss
-            result["base_loss"] = base_loss.detach()
-        if rank_top_k:
-            result["label_ranks"] = label_rank_counts(objective, labels.shape[0], rank_top_k)
-        return result
+        return _objective_outputs(objective, base_loss, labels.shape[0], rank_top_k)
+
+    def _check_objective(self, feature_weight: float, relabel_with_base: bool) -> None:
+        if not isinstance(relabel_with_base, bool):
+            raise TypeError(f"`relabel_with_base` must be True or False, got {relabel_with_base!r}.")
+        if feature_weight != 1.0 and not (isinstance(self.heads, SequenceHeads) and self.heads.predicts_features):
+            raise ValueError(
+                f"feature_weight={feature_weight} weighs a feature regression that {type(self.heads).__name__} do not "
+                "train with (EAGLE-1-style heads do): drop it."
+            )
+
+    def _training_base_states(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        labels: torch.Tensor,
+        distill_weight: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The states the heads read from a base that trains through adapters (Medusa-2), and `base_loss`: the
+        weighted KL divergence of its next-token distributions at the labelled positions from the frozen base's
+        (adapters disabled)."""
+        from hf_specdec.medusa.loss import kl_divergence
+
+        if input_ids is None:
+            raise ValueError("A base that trains needs `input_ids`.")
+        if not hasattr(self.base, "disable_adapter"):
+            raise ValueError(
+                "The base's own weights train (some require grad) but it has no adapters, so there is no frozen "
+                "base to distil from: freeze it with `model.freeze_base()` (only the heads train), or train it "
+                "through LoRA adapters (`peft.get_peft_model`), or pass the base's cached `hidden_states`."
+            )
+        out = self.base(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=list(self._state_layers)
+        )
+        hidden_states = torch.cat([out.hidden_states[i] for i in self._state_layers], dim=-1)
+        with torch.no_grad(), self.base.disable_adapter():
+            reference = self.base(input_ids=input_ids, attention_mask=attention_mask).logits
+        keep = labels != IGNORE_INDEX  # the positions whose predictions matter
+        return hidden_states, distill_weight * kl_divergence(reference[keep], out.logits[keep])
 
     @property
     def _state_layers(self) -> tuple[int, ...]:
@@ -766,3 +758,63 @@ def _lm_head_width(base: PreTrainedModel) -> int | None:
         return width
     weight = getattr(lm_head, "weight", None)
     return int(weight.shape[1]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+
+def _objective_outputs(
+    objective: MedusaObjective, base_loss: torch.Tensor | None, batch: int, rank_top_k: int
+) -> dict[str, torch.Tensor]:
+    """`forward`'s outputs with labels: the loss (the base's own when it trains), the per-head losses and, when
+    asked, the ranks of the labels among the heads' candidates."""
+    from hf_specdec.medusa.loss import label_rank_counts
+
+    result = {"loss": objective.loss, "per_head_loss": objective.per_head.detach()}
+    if objective.per_head_feature is not None:
+        result["per_head_feature_loss"] = objective.per_head_feature
+    if base_loss is not None:
+        result["loss"] = result["loss"] + base_loss
+        result["base_loss"] = base_loss.detach()
+    if rank_top_k:
+        result["label_ranks"] = label_rank_counts(objective, batch, rank_top_k)
+    return result
+
+
+def _medusa_asked(
+    medusa: bool, tree: Any, medusa_acceptance: str, typical_epsilon: float, typical_delta: float
+) -> bool:
+    """Whether `generate()` decodes with the heads; the heads' settings without `medusa=True` are refused."""
+    if not isinstance(medusa, bool):
+        raise TypeError(
+            f"`medusa` must be True (decode with the heads) or False (the base's own generate()), got {medusa!r} "
+            f"({type(medusa).__name__})."
+        )
+    if not medusa and (
+        tree is not None or medusa_acceptance != "exact" or (typical_epsilon, typical_delta) != (0.09, 0.3)
+    ):
+        raise ValueError(
+            "`tree`, `medusa_acceptance`, `typical_epsilon` and `typical_delta` apply with `medusa=True` only."
+        )
+    return medusa
+
+
+def _check_medusa_call(
+    base: PreTrainedModel,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    medusa_acceptance: str,
+    typical_epsilon: float,
+    typical_delta: float,
+) -> None:
+    """A `generate(medusa=True)` call's own checks: the acceptance and its settings, the inputs, and no other
+    drafter."""
+    if medusa_acceptance not in ACCEPTANCE:
+        raise ValueError(f"medusa_acceptance must be one of {ACCEPTANCE}, got {medusa_acceptance!r}.")
+    check_typical_settings(typical_epsilon, typical_delta)
+    if len(args) > 1:
+        raise TypeError("Pass generate()'s arguments after the inputs by keyword with `medusa=True`.")
+    check_generate_arguments(base, args[0] if args else None, kwargs, "`medusa=True`")
+    for name in ("assistant", "assistant_model", "custom_generate"):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"`{name}` cannot be combined with `medusa=True`: the heads draft for the base. Drop `{name}`, "
+                "or call the base's generate() with a draft model instead of the heads."
+            )
