@@ -472,7 +472,8 @@ def _split(
     return train, datasets.concatenate_datasets([split["test"] for split in splits])
 
 
-def _records(config: MedusaTrainingConfig, data: str, max_examples: int | None) -> datasets.Dataset:
+def source_records(config: MedusaTrainingConfig, data: str, max_examples: int | None) -> datasets.Dataset:
+    """One data source's records as the run reads them (its split), the first `max_examples` when set."""
     records = load_records(data, split=config.dataset_split)
     if max_examples is not None:
         records = records.select(range(min(max_examples, len(records))))
@@ -495,7 +496,7 @@ def _tokenize_part(
     record (`max_examples` caps training sources). Loading and tokenising run on the main process first (the others
     then read `datasets`' cache); self-distillation and the hidden states are split between the processes."""
     with training_args.main_process_first(desc="loading data"):
-        records = _records(config, source, config.max_examples if role == "train" else None)
+        records = source_records(config, source, config.max_examples if role == "train" else None)
     distilled_here = config.self_distill or (role == "eval" and config.eval_self_distill)
     if distilled_here and config.cache_hidden_states:
         # The base's hidden states come out of its own generation: no second forward over the replies.

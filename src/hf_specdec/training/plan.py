@@ -21,13 +21,13 @@ from hf_specdec.medusa import MedusaForCausalLM
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.training.data import tokenize_records
 from hf_specdec.training.metrics import TOP_K
-from hf_specdec.training.pipeline import DTYPES, MedusaTrainingConfig, _records
+from hf_specdec.training.pipeline import DTYPES, MedusaTrainingConfig, source_records
 from hf_specdec.training.self_distill import (
-    _prompt_batch,
-    _prompt_text,
     by_prompt_length,
     generate_replies,
+    prompt_batch,
     prompt_messages,
+    prompt_text,
 )
 from hf_specdec.zoo import drop_quantization_flags, load_model
 
@@ -83,10 +83,10 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     drop_quantization_flags(base)
     base.to(training_args.device)
     sources = [config.data] if config.self_distill else [source for source in config.data.split(",") if source]
-    records = [_records(config, source, config.max_examples) for source in sources]
+    records = [source_records(config, source, config.max_examples) for source in sources]
     if config.self_distill:
         prompts = [m for part in records for r in part if (m := prompt_messages(r, config.messages_column))]
-        texts = [_prompt_text(tokenizer, m) for m in prompts]
+        texts = [prompt_text(tokenizer, m) for m in prompts]
         prompt_lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
         lengths = [min(p + config.distill_max_new_tokens, config.max_length) for p in prompt_lengths]
         labelled = [n - p for n, p in zip(lengths, prompt_lengths, strict=True)]
@@ -104,7 +104,7 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     steps = training_args.max_steps
     if steps <= 0:
         steps = math.ceil(math.ceil((examples - held_out) / per_step) * training_args.num_train_epochs)
-    evaluated = len(_records(config, config.eval_data, None)) if config.eval_data else held_out
+    evaluated = len(source_records(config, config.eval_data, None)) if config.eval_data else held_out
     plan = TrainingPlan(examples, examples - held_out, evaluated, sum(lengths), sum(labelled), steps)
     plan.device = str(base.device)
     shape = (int(statistics.median(lengths)), int(statistics.median(labelled)))
@@ -113,7 +113,7 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     if config.self_distill:
         plan.stages.append(_self_distill_stage(config, base, tokenizer, prompts, training_args.world_size, speculative))
     if config.eval_data and (config.self_distill or config.eval_self_distill):
-        held = _records(config, config.eval_data, None)
+        held = source_records(config, config.eval_data, None)
         eval_prompts = [m for r in held if (m := prompt_messages(r, config.messages_column))]
         stage = _self_distill_stage(config, base, tokenizer, eval_prompts, training_args.world_size, speculative)
         plan.stages.append(Stage(f"{stage.name} of --eval_data", stage.work, stage.seconds))
@@ -221,7 +221,7 @@ def _self_distill_stage(
     batch = ordered[middle : middle + config.distill_batch_size]
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"  # type: ignore[attr-defined]
     try:
-        inputs = _prompt_batch(tokenizer, batch, base.device)  # type: ignore[arg-type]
+        inputs = prompt_batch(tokenizer, batch, base.device)  # type: ignore[arg-type]
     finally:
         tokenizer.padding_side = padding_side  # type: ignore[attr-defined]
     pad = tokenizer.pad_token_id  # type: ignore[attr-defined]

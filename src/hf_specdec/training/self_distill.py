@@ -49,7 +49,7 @@ def prompt_messages(record: dict[str, Any], messages_column: str | None = None) 
     return prompt if any(m["role"] == "user" for m in prompt) else None
 
 
-def _prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+def prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
     """A prompt rendered with the chat template, up to the assistant's turn."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -61,18 +61,18 @@ def by_prompt_length(
     length: prefill costs what its padded tokens cost, and in a batch of 32 ShareGPT openings in corpus order
     nearly three quarters of them are padding. Longest first also finds a batch too big for memory at once.
     Callers give the results back in corpus order."""
-    texts = [_prompt_text(tokenizer, m) for _, m in todo]
+    texts = [prompt_text(tokenizer, m) for _, m in todo]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
     order = sorted(range(len(todo)), key=lambda i: (-lengths[i], todo[i][0]))
     return [todo[i] for i in order]
 
 
-def _prompt_batch(
+def prompt_batch(
     tokenizer: PreTrainedTokenizerBase, prompts: list[list[dict[str, str]]], device: torch.device
 ) -> BatchEncoding:
     """Prompts rendered with the chat template up to the assistant's turn, left-padded (the caller sets
     the tokenizer's padding side)."""
-    texts = [_prompt_text(tokenizer, m) for m in prompts]
+    texts = [prompt_text(tokenizer, m) for m in prompts]
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
 
 
@@ -142,7 +142,7 @@ def self_distill(
     try:
         with state.split_between_processes(batches) as mine, sink_file.open("a") as sink:
             for batch in tqdm(mine, desc="self-distillation", unit="batch", disable=not state.is_local_main_process):
-                inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
+                inputs = prompt_batch(tokenizer, [m for _, m in batch], base.device)
                 out = generate_replies(
                     base, inputs, max_new_tokens, tokenizer.pad_token_id, generate_kwargs, **sampling
                 )
@@ -219,7 +219,7 @@ def self_distill_with_states(
                 if (shard / "dataset_info.json").exists():
                     continue
                 batch = todo[start : start + batch_size]
-                inputs = _prompt_batch(tokenizer, [m for _, m in batch], base.device)
+                inputs = prompt_batch(tokenizer, [m for _, m in batch], base.device)
                 out = base.generate(
                     **inputs,
                     max_new_tokens=max_new_tokens,
