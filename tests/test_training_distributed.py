@@ -69,13 +69,15 @@ def _trainer(output_dir: Path, batch_size: int, head_type: str = "medusa", **ove
         learning_rate=1e-2,
         max_steps=STEPS,
         train_sampling_strategy="sequential",
-        report_to=[],
-        save_strategy="no",
-        logging_steps=100,
-        disable_tqdm=True,
-        remove_unused_columns=False,
-        use_cpu=True,
-        **overrides,
+        **{
+            "report_to": [],
+            "save_strategy": "no",
+            "logging_steps": 100,
+            "disable_tqdm": True,
+            "remove_unused_columns": False,
+            "use_cpu": True,
+            **overrides,
+        },
     )
     return MedusaTrainer(
         model=model,
@@ -166,19 +168,36 @@ def _fsdp_on_cpu() -> None:
     AcceleratorState.__init__ = fsdp_init
 
 
+FSDP = {
+    "ddp_backend": "gloo",
+    "fsdp": "full_shard",
+    "fsdp_config": {
+        "version": 2,
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+        "state_dict_type": "FULL_STATE_DICT",
+    },
+}
+
+
+def _fsdp_resume_worker(workdir: Path, head_type: str) -> None:
+    """One of two processes under FSDP2: a run of 4 steps saving a checkpoint at step 2, then a fresh run resumed
+    from that checkpoint to step 4."""
+    torch.set_num_threads(1)
+    _fsdp_on_cpu()
+    straight = _trainer(workdir / "run", GLOBAL_BATCH // 2, head_type=head_type, save_strategy="steps", save_steps=2,
+                        **FSDP)  # fmt: skip
+    straight.train()
+    straight.save_model(str(workdir / "straight"))
+    resumed = _trainer(workdir / "run", GLOBAL_BATCH // 2, head_type=head_type, **FSDP)
+    resumed.train(resume_from_checkpoint=str(workdir / "run" / "checkpoint-2"))
+    resumed.save_model(str(workdir / "resumed"))
+
+
 def _fsdp_worker(workdir: Path, head_type: str) -> None:
     """One of the two processes, the base sharded by FSDP2 (each process holds half of every decoder layer)."""
     torch.set_num_threads(1)
     _fsdp_on_cpu()
-    fsdp_config = {
-        "version": 2,
-        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
-        "state_dict_type": "FULL_STATE_DICT",
-    }
-    trainer = _trainer(
-        workdir / "fsdp", GLOBAL_BATCH // 2, head_type=head_type, ddp_backend="gloo", fsdp="full_shard",
-        fsdp_config=fsdp_config,
-    )  # fmt: skip
+    trainer = _trainer(workdir / "fsdp", GLOBAL_BATCH // 2, head_type=head_type, **FSDP)
     trainer.train()
     rank = trainer.args.process_index
     weight = trainer.medusa.base.model.layers[0].mlp.gate_proj.weight
@@ -328,9 +347,23 @@ def test_two_processes_with_the_base_sharded_train_the_same_heads_as_one(tmp_pat
         torch.testing.assert_close(saved[name], tensor, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_type", ["medusa", "eagle3"])
+def test_training_with_the_base_sharded_resumes_where_it_stopped(tmp_path: Path, head_type: str) -> None:
+    _launch(tmp_path, "fsdp-resume", head_type)
+    straight = safetensors.torch.load_file(tmp_path / "straight" / "medusa_heads.safetensors")
+    resumed = safetensors.torch.load_file(tmp_path / "resumed" / "medusa_heads.safetensors")
+    at_step_2 = safetensors.torch.load_file(tmp_path / "run" / "checkpoint-2" / "medusa_heads.safetensors")
+    assert straight.keys() == resumed.keys()
+    assert any(not torch.equal(at_step_2[name], straight[name]) for name in straight)  # steps 3 and 4 trained
+    for name, tensor in straight.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-4, atol=1e-5)
+
+
 if __name__ == "__main__":
     if sys.argv[2:3] == ["fsdp"]:
         _fsdp_worker(Path(sys.argv[1]), sys.argv[3])
+    elif sys.argv[2:3] == ["fsdp-resume"]:
+        _fsdp_resume_worker(Path(sys.argv[1]), sys.argv[3])
     elif sys.argv[2:] == ["eagle3"]:
         _eagle3_worker(Path(sys.argv[1]))
     else:

@@ -103,6 +103,7 @@ class EagleHeads(SequenceHeads):
             config = copy.deepcopy(layer_config)
             config.num_hidden_layers = num_layers
         self.decoder: PreTrainedModel = AutoModel.from_config(config)
+        self.decoder.get_input_embeddings().requires_grad_(False)  # fed vectors: it embeds no token
         drop_final_norm(self.decoder)
         if not input_norms:
             drop_first_input_norm(self.decoder)

@@ -207,6 +207,7 @@ class Eagle3Decoder(LlamaModel):
         self.layers = nn.ModuleList([Eagle3Layer(config, 0, norm_before_residual)])
         self.norm = nn.Identity()
         self.post_init()
+        self.embed_tokens.requires_grad_(False)  # fed vectors: it embeds no token
 
 
 class _NormOf(nn.Module):

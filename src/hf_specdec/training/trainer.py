@@ -132,7 +132,7 @@ class MedusaTrainer(Trainer):
 
         medusa = self.medusa
         state = load_file(folder / WEIGHTS_NAME, device=str(next(medusa.heads.parameters()).device))
-        medusa.heads.load_state_dict(state)
+        medusa.heads.load_state_dict(_placed_like(state, medusa.heads.state_dict()))
         if (folder / ADAPTER_FOLDER).exists():
             from peft import set_peft_model_state_dict
             from peft.utils import load_peft_weights
@@ -149,3 +149,17 @@ class MedusaTrainer(Trainer):
             from hf_specdec.medusa.card import model_card
 
             model_card(self.medusa.config, self.hub_model_id).save(Path(self.args.output_dir) / "README.md")
+
+
+def _placed_like(state: dict[str, torch.Tensor], current: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's full tensors placed as the module's own are: under FSDP2 parameters are `DTensor`s, each
+    process holding a shard, and each process keeps its shard of the full tensor (the same on every process)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    placed = {}
+    for name, tensor in state.items():
+        own = current.get(name)
+        if isinstance(own, DTensor):
+            tensor = distribute_tensor(tensor.to(own.dtype), own.device_mesh, own.placements)
+        placed[name] = tensor
+    return placed
