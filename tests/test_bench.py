@@ -113,9 +113,24 @@ def test_first_method_must_be_plain() -> None:
         run_benchmark(tiny_target("llama"), _tokenizer(), PROMPTS, [METHODS["specdec"]], draft=None)
 
 
-def test_cost_curve_has_every_size() -> None:
-    curve = verify_cost_curve(tiny_model("llama", seed=0), prefix_length=16, sizes=(1, 4), repeats=1)
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_cost_curve_has_every_size_and_leaves_the_cache_as_it_found_it(batch_size: int, monkeypatch) -> None:
+    from hf_specdec.generation.kv_cache import CachedSequence
+
+    lengths = []
+    forward = CachedSequence.forward
+
+    def counted(self, input_ids, *args, **kwargs):
+        lengths.append((input_ids.shape, self.num_slots))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(CachedSequence, "forward", counted)
+    curve = verify_cost_curve(
+        tiny_model("llama", seed=0), prefix_length=16, sizes=(1, 4), repeats=1, batch_size=batch_size
+    )
     assert set(curve) == {1, 4} and all(t > 0 for t in curve.values())
+    # the prefix, then each width twice (warm-up and timed), every time after the prefix alone
+    assert lengths == [((batch_size, 16), 0), *[((batch_size, n), 16) for n in (1, 1, 4, 4)]]
 
 
 def test_prompts_from_pypi_wheels_are_interleaved() -> None:

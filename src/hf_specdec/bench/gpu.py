@@ -22,23 +22,20 @@ the few minutes a GPU may be lent for; what was not measured is said so in the t
 
 from __future__ import annotations
 
-import functools
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from hf_specdec.bench.acceptance_record import StepRecord, load_record
-from hf_specdec.bench.cost_curve import synchronize
+from hf_specdec.bench.cost_curve import median_seconds, time_forwards
 from hf_specdec.bench.overhead import Overhead, measure_overhead
 from hf_specdec.bench.real_sizes import build_random
-from hf_specdec.bench.runner import compile_config_for
-from hf_specdec.generation.kv_cache import STATIC_HEADROOM, CachedSequence, bucket
+from hf_specdec.generation.kv_cache import CachedSequence, bucket
 from hf_specdec.simulator.cost_curve import CostCurve
 from hf_specdec.trees.masks import chain_structure
 
@@ -81,59 +78,6 @@ class Prediction:
 
 
 @torch.no_grad()
-def time_forwards(
-    model: PreTrainedModel,
-    widths: tuple[int, ...],
-    compiled: bool,
-    deadline: float,
-    prefix: int = 256,
-    repeats: int = 5,
-) -> dict[int, float]:
-    """Median seconds of one forward over `n` new tokens (one row, a chain) after a `prefix`-token cache, for
-    each `n` in `widths` measured before `deadline` (`time.perf_counter()`), through `CachedSequence` as the
-    decoding loop runs it; compiled: a static cache and the compiled forward (the first call per width, which
-    compiles, is not timed)."""
-    device = model.device
-    if compiled and any(bucket(n) != n for n in widths):
-        raise ValueError(f"Compiled widths are fed bucketed (1, 2, 3, 4, 6, 8, 12, ...): {widths} are not all buckets.")
-    capacity = prefix + max(widths) + STATIC_HEADROOM if compiled else None
-    seq = CachedSequence(model, 1, device, capacity=capacity)
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.config.get_text_config(decoder=True).vocab_size
-    ids = torch.randint(0, vocab, (1, prefix), generator=generator).to(device)
-    ones = torch.ones_like(ids, dtype=torch.bool)
-    seq.forward(ids, ones, torch.arange(prefix, device=device)[None], chain_structure(prefix, device), logits_to_keep=1)
-    if compiled:
-        seq.compile(GenerationConfig(compile_config=compile_config_for(device)))
-    times: dict[int, float] = {}
-    for n in widths:
-        if time.perf_counter() > deadline:
-            break
-        nodes = torch.randint(0, vocab, (1, n), generator=generator).to(device)
-        args = (nodes, torch.ones_like(nodes, dtype=torch.bool), prefix + torch.arange(n, device=device)[None])
-        structure = chain_structure(n, device)
-        times[n] = _median_seconds(functools.partial(seq.forward, *args, structure), seq, n, repeats, device)
-    return times
-
-
-def _median_seconds(
-    step: Callable[[], object], seq: CachedSequence, width: int, repeats: int, device: torch.device
-) -> float:
-    """Median seconds of `step` (which appends `width` entries to `seq`'s cache, dropped after each call) over
-    `repeats` calls, after one untimed call (warm-up, and compilation)."""
-    samples = []
-    for repeat in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        if repeat:
-            samples.append(time.perf_counter() - start)
-        seq.keep_prefix(width, torch.zeros(1, dtype=torch.long, device=device), keep_max=0)
-    return statistics.median(samples)
-
-
-@torch.no_grad()
 def time_heads(target: PreTrainedModel, deadline: float, prefix: int = 256, repeats: int = 5) -> float | None:
     """Median seconds of one forward of EAGLE-3 heads on `target` (random weights, `HEADS_VOCAB` draft tokens) over
     `HEADS_WIDTH` new tokens after a `prefix`-token cache, with the projection and the log-softmax a tree's
@@ -168,7 +112,7 @@ def time_heads(target: PreTrainedModel, deadline: float, prefix: int = 256, repe
         out = seq.forward(None, *args, structure, inputs_embeds=embeds).last_hidden_state
         return torch.log_softmax(heads.project(out, None).float(), dim=-1)
 
-    return _median_seconds(step, seq, n, repeats, device)
+    return median_seconds(step, seq, n, repeats, device)
 
 
 def measure_pair(
