@@ -252,3 +252,15 @@ def test_export_command_with_base_adapters(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:  # the merged base over the original one
         main([*command, "--merge-base-into", str(tmp_path / "base")])
     assert exit_info.value.code == 2 and "would replace the original" in capsys.readouterr().err
+
+
+def test_heads_naming_a_zoo_base_export_for_the_engine_with_the_bases_folder(tmp_path) -> None:
+    from hf_specdec.zoo import load_model, model_path
+
+    base, _ = load_model("smollm2-135m", dtype=torch.float32)
+    model = MedusaForCausalLM.from_base(base, MedusaConfig(num_heads=1))
+    model.config.base_model_name_or_path = "smollm2-135m"  # as the recipes write `--base`
+    model.save_pretrained(tmp_path / "heads")
+    assert main(["export", str(tmp_path / "heads"), "--to", "vllm", "--out", str(tmp_path / "vllm")]) == 0
+    written = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert written["base_model_name_or_path"] == str(model_path("smollm2-135m"))  # engines know no zoo names

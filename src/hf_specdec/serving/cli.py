@@ -25,6 +25,7 @@ from hf_specdec.serving.export import (
     check_base_adapters,
     check_exportable,
     check_merged_base_dir,
+    engine_base_name,
     export_pretrained,
 )
 
@@ -126,14 +127,13 @@ def _has_adapters(folder: Path) -> bool:
 
 def run_export(args: argparse.Namespace) -> int:
     """Run `hf-specdec export` on checked arguments; returns the exit status."""
-    from hf_specdec.zoo import ZOO, load_model, model_path
+    from hf_specdec.zoo import load_model
 
     dtype = DTYPES[args.dtype]
-    name = args.base or _zoo_base(args.heads)
-    base = None if name is None else load_model(name, dtype=dtype)[0]
+    base = None if args.base is None else load_model(args.base, dtype=dtype)[0]  # else the one the heads name
     base_name = args.base_name
-    if base_name is None and args.merge_base_into is None and name is not None:
-        base_name = str(model_path(name)) if name in ZOO else name
+    if base_name is None and args.merge_base_into is None and args.base is not None:
+        base_name = engine_base_name(args.base)
     out = export_pretrained(
         args.heads,
         args.out,
@@ -151,16 +151,3 @@ def run_export(args: argparse.Namespace) -> int:
             "not the original one"
         )
     return 0
-
-
-def _zoo_base(heads: str) -> str | None:
-    """The zoo name the heads' config gives as their base (the recipe writes `--base` as given), if any: a zoo
-    name is not a path `from_pretrained` can load."""
-    from hf_specdec.medusa.model import local_directory
-    from hf_specdec.zoo import ZOO
-
-    directory = local_directory(heads)
-    if not (directory / CONFIG_NAME).exists():
-        return None
-    name = MedusaConfig.from_pretrained(directory).base_model_name_or_path
-    return name if name in ZOO else None

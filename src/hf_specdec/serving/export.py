@@ -189,6 +189,14 @@ def save_merged_base(base: PreTrainedModel, directory: str | Path) -> Path:
     return path
 
 
+def engine_base_name(name: str | None) -> str | None:
+    """A base's name as an engine loads it: a name of hf_specdec's zoo becomes its local folder (engines know no
+    zoo), any other (a Hub id, a folder) stays as it is."""
+    from hf_specdec.zoo import ZOO, model_path
+
+    return str(model_path(name)) if name in ZOO else name
+
+
 def _export(
     model: MedusaForCausalLM,
     base: PreTrainedModel,
@@ -208,7 +216,7 @@ def _export(
             "exporting would change their logits."
         )
     merged_name = None if merged_base_dir is None else str(merged_base_dir)
-    base_name = base_name or merged_name or model.config.base_model_name_or_path
+    base_name = base_name or merged_name or engine_base_name(model.config.base_model_name_or_path)
     if engine == "tgi" and not base_name:
         raise ValueError(
             "TGI loads the base that the heads' config.json names (`base_model_name_or_path`), and these heads "
