@@ -316,6 +316,30 @@ def train_medusa(
     base.to(training_args.device)  # this process's device (the data work below runs the base)
     # Trained heads are loaded before the data work (which can take hours), so a wrong path fails at once.
     warm = None if config.init_heads is None else _warm_start(config.init_heads, base)
+    train, evaluation = _training_data(config, training_args, base, tokenizer, warm)
+    model = _model_to_train(config, training_args, base, warm, train)
+    trainer = _trainer(config, training_args, model, tokenizer, train, evaluation)
+    trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
+    metrics = None if evaluation is None else _measure(trainer, config, model.config)
+    if metrics is None and warm is not None:
+        model.config.extra["measurements_from"] = config.init_heads  # not measured again: no held-out data
+    _record_run(config, model.config, command)
+    trainer.save_model(training_args.output_dir)  # the process that saves writes (FSDP/DeepSpeed gather first)
+    if trainer.is_world_process_zero():
+        _publish(config, training_args, model, tokenizer, metrics)
+    trainer.accelerator.wait_for_everyone()
+    return model
+
+
+def _training_data(
+    config: MedusaTrainingConfig,
+    training_args: TrainingArguments,
+    base: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    warm: MedusaForCausalLM | None,
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """The training and held-out sets: every source tokenised (self-distilled, with the base's states when
+    cached), split, and `--eval_data` when given."""
     output_dir = Path(training_args.output_dir)
     # With --self_distill, one generation over every source: its replies are one data set. Otherwise each source
     # is tokenised, cached and split on its own: adding a source to --data reuses the hidden states of the
@@ -334,6 +358,18 @@ def train_medusa(
             config, training_args, base, tokenizer, config.eval_data, output_dir, layers, "eval", speculative
         )
     speculative.clear()  # the draft model, if any, is not kept through training
+    return train, evaluation
+
+
+def _model_to_train(
+    config: MedusaTrainingConfig,
+    training_args: TrainingArguments,
+    base: PreTrainedModel,
+    warm: MedusaForCausalLM | None,
+    train: datasets.Dataset,
+) -> MedusaForCausalLM:
+    """The heads to train (the warm start, or fresh ones seeded alike on every process) on the frozen base, in
+    float32, with LoRA adapters on the base when asked."""
     if warm is not None:
         model = warm
         if (token_ids := model.heads.token_ids) is not None:
@@ -341,8 +377,7 @@ def train_medusa(
     else:
         set_seed(training_args.seed)  # fresh heads start the same in every run (and every process)
         model = _fresh_model(config, base, train["labels"])
-    medusa_config = model.config
-    medusa_config.base_model_name_or_path = base_reference(config.base)
+    model.config.base_model_name_or_path = base_reference(config.base)
     model.freeze_base()
     model.heads.float()  # heads train in float32 whatever the base's dtype (fresh ones take the base's)
     if config.lora:
@@ -351,9 +386,20 @@ def train_medusa(
         model.base = get_peft_model(
             base, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, target_modules="all-linear")
         )
-    # Trainer's own pushes would upload the output folder, data caches included: the heads are uploaded below.
+    return model
+
+
+def _trainer(
+    config: MedusaTrainingConfig,
+    training_args: TrainingArguments,
+    model: MedusaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    train: datasets.Dataset,
+    evaluation: datasets.Dataset | None,
+) -> MedusaTrainer:
+    # Trainer's own pushes would upload the output folder, data caches included: the heads are uploaded apart.
     trainer_args = dataclasses.replace(training_args, push_to_hub=False) if training_args.push_to_hub else training_args
-    trainer = MedusaTrainer(
+    return MedusaTrainer(
         model=model,
         args=trainer_args,
         train_dataset=train,
@@ -367,51 +413,63 @@ def train_medusa(
         # Cached states were relabelled once, when they were computed.
         relabel_with_base=config.relabel_with_base and not config.cache_hidden_states,
     )
-    trainer.train(resume_from_checkpoint=_resume_argument(training_args.resume_from_checkpoint))
-    metrics = None
-    if evaluation is not None:
-        metrics = trainer.evaluate()  # every process takes part: the counts are gathered
-        accuracy = rank_accuracies(metrics, medusa_config.num_heads)
-        medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(medusa_config.num_heads)]
-        medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in accuracy]
-        if medusa_config.head_type not in ("eagle", "eagle3"):  # EAGLE heads grow their trees per row and step
-            medusa_config.tree = [list(path) for path in build_tree(accuracy, config.tree_nodes).choices]
-        medusa_config.extra.update(
-            training_data=config.data,
-            self_distilled=config.self_distill,
-            soft_targets=config.soft_targets,
-            expected_tau=round(metrics["eval_expected_tau"], 3),
-            top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(medusa_config.num_heads)],
-        )
-    elif warm is not None:
-        medusa_config.extra["measurements_from"] = config.init_heads  # not measured again: no held-out data
+
+
+def _measure(trainer: MedusaTrainer, config: MedusaTrainingConfig, medusa_config: MedusaConfig) -> dict[str, float]:
+    """Evaluate the trained heads on the held-out set (every process takes part: the counts are gathered) and
+    keep what was measured in their config: top-1 and rank accuracies, the tree they pay for, expected tau."""
+    metrics = trainer.evaluate()
+    accuracy = rank_accuracies(metrics, medusa_config.num_heads)
+    medusa_config.measured_top1 = [metrics[f"eval_head{k}_top1"] for k in range(medusa_config.num_heads)]
+    medusa_config.measured_accuracy = [[round(a, 4) for a in head] for head in accuracy]
+    if medusa_config.head_type not in ("eagle", "eagle3"):  # EAGLE heads grow their trees per row and step
+        medusa_config.tree = [list(path) for path in build_tree(accuracy, config.tree_nodes).choices]
+    medusa_config.extra.update(
+        training_data=config.data,
+        self_distilled=config.self_distill,
+        soft_targets=config.soft_targets,
+        expected_tau=round(metrics["eval_expected_tau"], 3),
+        top5=[round(metrics[f"eval_head{k}_top5"], 3) for k in range(medusa_config.num_heads)],
+    )
+    return metrics
+
+
+def _record_run(config: MedusaTrainingConfig, medusa_config: MedusaConfig, command: str | None) -> None:
+    """Keep how the heads were trained in their config: the command, and the run's settings (the heads' shape
+    as they are, a warm start's included)."""
     if command is not None:
         medusa_config.extra["training_command"] = command
     trained = asdict(config)
-    # From the checkpoint if warm.
     trained.update({name: _head_shape(medusa_config, name) for name in _HEAD_SHAPE})
     medusa_config.extra["training_config"] = trained
-    trainer.save_model(str(output_dir))  # the process that saves writes (FSDP/DeepSpeed gather first)
-    if trainer.is_world_process_zero():
-        metrics_file = output_dir / METRICS_NAME
-        if metrics is not None:
-            metrics_file.write_text(json.dumps(metrics, indent=2))
-            print(measured_summary(metrics, medusa_config.num_heads, config.base, output_dir))
-        tokenizer.save_pretrained(output_dir)
-        for engine in config.export_engines:
-            served = _served_base(config.base)
-            export_heads(model, output_dir / "serving" / engine, engine, DTYPES[config.dtype], served)
-        if training_args.push_to_hub:
-            model.push_to_hub(
-                training_args.hub_model_id or output_dir.name,
-                token=training_args.hub_token,
-                private=training_args.hub_private_repo,
-                revision=training_args.hub_revision,
-                commit_message=f"{HEAD_NAMES[medusa_config.head_type]} trained with hf_specdec",
-                extra_files=None if metrics is None else {METRICS_NAME: metrics_file},
-            )
-    trainer.accelerator.wait_for_everyone()
-    return model
+
+
+def _publish(
+    config: MedusaTrainingConfig,
+    training_args: TrainingArguments,
+    model: MedusaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    metrics: dict[str, float] | None,
+) -> None:
+    """From the main process: the metrics and tokenizer beside the saved heads, the engines' exports asked for,
+    and the upload with `--push_to_hub`."""
+    output_dir, medusa_config = Path(training_args.output_dir), model.config
+    metrics_file = output_dir / METRICS_NAME
+    if metrics is not None:
+        metrics_file.write_text(json.dumps(metrics, indent=2))
+        print(measured_summary(metrics, medusa_config.num_heads, config.base, output_dir))
+    tokenizer.save_pretrained(output_dir)
+    for engine in config.export_engines:
+        export_heads(model, output_dir / "serving" / engine, engine, DTYPES[config.dtype], _served_base(config.base))
+    if training_args.push_to_hub:
+        model.push_to_hub(
+            training_args.hub_model_id or output_dir.name,
+            token=training_args.hub_token,
+            private=training_args.hub_private_repo,
+            revision=training_args.hub_revision,
+            commit_message=f"{HEAD_NAMES[medusa_config.head_type]} trained with hf_specdec",
+            extra_files=None if metrics is None else {METRICS_NAME: metrics_file},
+        )
 
 
 def measured_summary(metrics: dict[str, float], num_heads: int, base: str, output_dir: Path) -> str:
