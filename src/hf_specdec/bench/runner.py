@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,24 +73,32 @@ def compare_to_plain(
     return matches, divergences
 
 
+@dataclass
+class _Contestants:
+    """The models a benchmark's methods decode with: the target, the draft model (and its int8 copy, its draft
+    vocabulary), Medusa heads and other heads by name."""
+
+    target: PreTrainedModel
+    draft: PreTrainedModel | None = None
+    medusa: Any = None
+    heads: dict[str, Any] | None = None
+    draft_vocab: torch.Tensor | None = None
+    draft_int8: PreTrainedModel | None = None
+
+
 def _run_method(
-    method: Method,
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    inputs: dict[str, torch.Tensor],
-    generate_kwargs: dict[str, Any],
-    medusa: Any = None,
-    draft_vocab: torch.Tensor | None = None,
-    draft_int8: PreTrainedModel | None = None,
-    heads: dict[str, Any] | None = None,
+    method: Method, models: _Contestants, inputs: dict[str, torch.Tensor], generate_kwargs: dict[str, Any]
 ) -> tuple[torch.Tensor, float, Any, int | None]:
-    kwargs = {**generate_kwargs, **method.generate_kwargs(draft, draft_vocab, draft_int8)}
+    """One timed call of `method`: its sequences, seconds, speculative statistics (or `None`) and peak memory
+    (CUDA only)."""
+    target = models.target
+    kwargs = {**generate_kwargs, **method.generate_kwargs(models.draft, models.draft_vocab, models.draft_int8)}
     speculative = method.uses in ("specdec", "lookup", "early-exit", "medusa")
     if speculative:
         kwargs["return_dict_in_generate"] = True
     model = target
     if method.uses == "medusa":
-        model = medusa if method.heads is None else (heads or {})[method.heads]
+        model = models.medusa if method.heads is None else (models.heads or {})[method.heads]
     # Transformers' own methods: its generate(), past this library's mixin (which serves their arguments).
     generate = functools.partial(GenerationMixin.generate, model) if method.uses.startswith("hf-") else model.generate
     if target.device.type == "cuda":
@@ -137,6 +146,48 @@ def run_benchmark(
     result = BenchmarkResult(
         settings={"batch_size": batch_size, "max_new_tokens": max_new_tokens, "do_sample": do_sample, "seed": seed}
     )
+    runnable = _runnable(methods, result, batch_size, draft, medusa, heads, compile)
+    models = _contestants(runnable, result, target, tokenizer, draft, medusa, heads, draft_vocab)
+    generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    if compile:
+        generate_kwargs.update(_compiled(target, tokenizer, batches, max_new_tokens))
+        result.settings["compiled"] = True
+    # Warm-up: first calls pay for allocations and lazy initialisation; compiled, every batch is run once at its
+    # whole length first, so that every width a method feeds is compiled before anything is timed.
+    warm_kwargs = generate_kwargs if compile else {**generate_kwargs, "max_new_tokens": 4}
+    for batch in batches if compile else batches[:1]:
+        warm = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
+        for method in runnable:
+            _run_method(method, models, warm, warm_kwargs)
+    eos = eos_token_ids(target)
+    for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
+        inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
+        order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
+        outputs: dict[str, tuple] = {}
+        for method in order:
+            torch.manual_seed(seed + index)
+            outputs[method.name] = _run_method(method, models, inputs, generate_kwargs)
+        plain = outputs[runnable[0].name][0]
+        for method in runnable:
+            sample = _sample(method, index, batch, inputs, outputs[method.name], eos)
+            if not do_sample and method is not runnable[0]:
+                sequences, lengths = outputs[method.name][0], sample.new_tokens
+                sample.matches_plain, sample.divergences = compare_to_plain(target, plain, sequences, inputs, lengths)
+            result.samples.append(sample)
+    return result
+
+
+def _runnable(
+    methods: list[Method],
+    result: BenchmarkResult,
+    batch_size: int,
+    draft: PreTrainedModel | None,
+    medusa: Any,
+    heads: dict[str, Any] | None,
+    compile: bool,
+) -> list[Method]:
+    """The methods this run can time; the others go to `result.skipped`, each with its reason."""
     runnable = []
     for method in methods:
         reason = method.skip_reason(batch_size, draft is not None, medusa is not None, list(heads or {}))
@@ -149,6 +200,20 @@ def run_benchmark(
         else:
             result.skipped[method.name] = reason
     result.settings["arguments"] = {method.name: call_text(method) for method in runnable}
+    return runnable
+
+
+def _contestants(
+    runnable: list[Method],
+    result: BenchmarkResult,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    draft: PreTrainedModel | None,
+    medusa: Any,
+    heads: dict[str, Any] | None,
+    draft_vocab: torch.Tensor | None,
+) -> _Contestants:
+    """The models the runnable methods need, the draft vocabulary and the int8 draft made when one needs them."""
     if draft_vocab is None and any(method.needs_draft_vocab for method in runnable):
         from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
 
@@ -160,52 +225,43 @@ def run_benchmark(
         from hf_specdec.bench.quantized import int8_draft
 
         draft_int8 = int8_draft(draft)
-    eos = eos_token_ids(target)
-    generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
-    warm_tokens = 4
-    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    if compile:
-        # One cache size for every call, plain's and the methods' alike: a compiled forward recompiles for another.
-        longest = max(chat_inputs(tokenizer, [p.text for p in batch])["input_ids"].shape[1] for batch in batches)
-        cache_len = static_slots(longest + max_new_tokens)
-        generate_kwargs.update(
-            cache_implementation="static", compile_config=compile_config_for(target.device), max_cache_len=cache_len
-        )
-        warm_tokens = max_new_tokens
-        result.settings["compiled"] = True
-    # Warm-up: first calls pay for allocations and lazy initialisation; compiled, every batch is run once first,
-    # so that every width a method feeds is compiled before anything is timed.
-    for batch in batches if compile else batches[:1]:
-        warm = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
-        for method in runnable:
-            warm_kwargs = {**generate_kwargs, "max_new_tokens": warm_tokens}
-            _run_method(method, target, draft, warm, warm_kwargs, medusa, draft_vocab, draft_int8, heads)
-    for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
-        inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
-        order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
-        outputs: dict[str, tuple] = {}
-        for method in order:
-            torch.manual_seed(seed + index)
-            outputs[method.name] = _run_method(
-                method, target, draft, inputs, generate_kwargs, medusa, draft_vocab, draft_int8, heads
-            )
-        plain = outputs[runnable[0].name][0]
-        for method in runnable:
-            sequences, seconds, stats, peak = outputs[method.name]
-            lengths = row_lengths(sequences, inputs["input_ids"].shape[1], eos)
-            forwards = list(lengths) if method.uses == "plain" else []  # plain: one forward per token
-            sample = Sample(method.name, index, [p.category for p in batch], seconds, lengths, forwards)
-            sample.peak_memory_bytes = peak
-            if stats is not None:
-                sample.target_forwards = [int(x) + 1 for x in stats.target_forwards]  # + the prefill
-                sample.accepted_tokens = stats.accepted_tokens.tolist()
-                sample.drafted_at_position = stats.drafted_at_position.tolist()
-                sample.accepted_at_position = stats.accepted_at_position.tolist()
-                sample.draft_seconds, sample.verify_seconds = stats.draft_seconds, stats.verify_seconds
-            if not do_sample and method is not runnable[0]:
-                sample.matches_plain, sample.divergences = compare_to_plain(target, plain, sequences, inputs, lengths)
-            result.samples.append(sample)
-    return result
+    return _Contestants(target, draft, medusa, heads, draft_vocab, draft_int8)
+
+
+def _compiled(
+    target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batches: list[list[Prompt]], max_new_tokens: int
+) -> dict[str, Any]:
+    """`generate()`'s arguments for compiled decoding: one static cache size for every call, plain's and the
+    methods' alike (a compiled forward recompiles for another)."""
+    longest = max(chat_inputs(tokenizer, [p.text for p in batch])["input_ids"].shape[1] for batch in batches)
+    return {
+        "cache_implementation": "static",
+        "compile_config": compile_config_for(target.device),
+        "max_cache_len": static_slots(longest + max_new_tokens),
+    }
+
+
+def _sample(
+    method: Method,
+    index: int,
+    batch: list[Prompt],
+    inputs: dict[str, torch.Tensor],
+    output: tuple[torch.Tensor, float, Any, int | None],
+    eos: list[int],
+) -> Sample:
+    """One method's sample on one batch: its time, lengths, peak memory and speculative statistics."""
+    sequences, seconds, stats, peak = output
+    lengths = row_lengths(sequences, inputs["input_ids"].shape[1], eos)
+    forwards = list(lengths) if method.uses == "plain" else []  # plain: one forward per token
+    sample = Sample(method.name, index, [p.category for p in batch], seconds, lengths, forwards)
+    sample.peak_memory_bytes = peak
+    if stats is not None:
+        sample.target_forwards = [int(x) + 1 for x in stats.target_forwards]  # + the prefill
+        sample.accepted_tokens = stats.accepted_tokens.tolist()
+        sample.drafted_at_position = stats.drafted_at_position.tolist()
+        sample.accepted_at_position = stats.accepted_at_position.tolist()
+        sample.draft_seconds, sample.verify_seconds = stats.draft_seconds, stats.verify_seconds
+    return sample
 
 
 def compile_config_for(device: torch.device) -> CompileConfig:
