@@ -102,7 +102,7 @@ def test_generate_documents_the_speculative_arguments(site: Path) -> None:
         assert section in generate
     text = _text(generate)
     assert "SpeculativeDecoderOnlyOutput" in text
-    # The defaults the loop applies (`generation.entry`, `drafters.lookup`, `drafters.draft_tree`).
+    # The defaults the loop applies (`api.entry`, `generation.arguments`, `drafters.draft_tree`).
     for default in ("schedule (default 8)", "matches (default 3)", '"adaptive" (default', "at most 8 deep with 2"):
         assert default in text, default
 

@@ -121,12 +121,12 @@ def import_graph(package_dir: Path, deferred: bool = False) -> dict[str, dict[st
     return graph
 
 
-def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
-    """`graph` with every module replaced by its subpackage of the root (`hf_specdec.generation.loop` ->
-    `hf_specdec.generation`; a top-level module stays itself): an edge where any module of one imports any
-    module of the other, with one such import (`"module line N"`). The root package's own
-    `__init__` is left out: it re-exports from every layer, and nothing inside imports it."""
-    root = min(graph, key=len)
+def package_graph(graph: dict[str, dict[str, int]], root: str) -> dict[str, dict[str, str]]:
+    """`graph` with every module replaced by its subpackage of the package `root` (`hf_specdec.generation.loop`
+    -> `hf_specdec.generation`; a top-level module stays itself): an edge where any module of one imports any
+    module of the other, with one such import (`"module line N"`). The root's own `__init__` is left out, and so
+    are imports of it: it re-exports the public names of every layer, for users (and the commands that take
+    names from it, as users do)."""
     result: dict[str, dict[str, str]] = {}
     for module, edges in graph.items():
         if module == root:
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     graph = import_graph(args.package, deferred=args.deferred)
     kind = "imports (deferred ones included)" if args.deferred else "module-level imports"
     modules = report(graph, "modules", kind)
-    packages = package_graph(graph)
+    packages = package_graph(graph, args.package.name)
     subpackages = report(packages, "subpackages", kind)
     if not subpackages:
         for number, layer in enumerate(layers(packages)):

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from hf_specdec.drafters.acceptance_history import HistoryByMatchSize
+from hf_specdec.generation.arguments import DEFAULT_MAX_MATCHING_NGRAM_SIZE
 from hf_specdec.generation.decisions import CostModel, shared_width
 from hf_specdec.generation.drafter import Chain, ChainDrafter
 from hf_specdec.generation.readback import StepOutcome
@@ -80,7 +81,9 @@ class PromptLookupDrafter(ChainDrafter):
             the acceptance measured for matches of its size); otherwise always up to `num_tokens`.
     """
 
-    def __init__(self, num_tokens: int, max_ngram_size: int = 3, adaptive: bool = True) -> None:
+    def __init__(
+        self, num_tokens: int, max_ngram_size: int = DEFAULT_MAX_MATCHING_NGRAM_SIZE, adaptive: bool = True
+    ) -> None:
         for name, value in (("prompt_lookup_num_tokens", num_tokens), ("max_matching_ngram_size", max_ngram_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")

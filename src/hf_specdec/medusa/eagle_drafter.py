@@ -37,8 +37,12 @@ class FeatureHead(Protocol):
     """What `EagleDrafter` drives: EAGLE heads (`SequenceHeads`) or a model's own MTP layer
     (`hf_specdec.mtp.tree.MtpFeatureHead`)."""
 
-    feature_layers: tuple[int, ...]  # the base's hidden states it reads
     decoder: Any  # run through a `CachedSequence`: it keeps its own KV cache
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The base's hidden states it reads."""
+        ...
 
     def parameters(self) -> Iterator[nn.Parameter]: ...
 

@@ -543,6 +543,7 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         return _objective_outputs(objective, base_loss, labels.shape[0], rank_top_k)
 
     def _check_objective(self, feature_weight: float, relabel_with_base: bool) -> None:
+        """The objective's settings these heads take: a feature regression only for heads that predict features."""
         if not isinstance(relabel_with_base, bool):
             raise TypeError(f"`relabel_with_base` must be True or False, got {relabel_with_base!r}.")
         if feature_weight != 1.0 and not (isinstance(self.heads, SequenceHeads) and self.heads.predicts_features):

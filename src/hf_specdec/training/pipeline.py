@@ -22,14 +22,13 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
-from hf_specdec import zoo
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
 from hf_specdec.medusa.card import HEAD_NAMES
 from hf_specdec.medusa.config import EAGLE3_LAYER_TYPES
 from hf_specdec.medusa.model import ADAPTER_FOLDER, local_directory, state_layers
-from hf_specdec.serving.export import check_exportable, export_heads
+from hf_specdec.serving.export import check_exportable, engine_base_name, export_heads
 from hf_specdec.training.collator import MedusaCollator
 from hf_specdec.training.data import load_records, tokenize_records
 from hf_specdec.training.hidden_cache import cache_hidden_states
@@ -397,6 +396,7 @@ def _trainer(
     train: datasets.Dataset,
     evaluation: datasets.Dataset | None,
 ) -> MedusaTrainer:
+    """The `MedusaTrainer` of the run's settings."""
     # Trainer's own pushes would upload the output folder, data caches included: the heads are uploaded apart.
     trainer_args = dataclasses.replace(training_args, push_to_hub=False) if training_args.push_to_hub else training_args
     return MedusaTrainer(
@@ -495,7 +495,7 @@ def base_reference(base: str) -> str:
 def _served_base(base: str) -> str:
     """The base as a serving engine loads it (TGI reads it from the exported config): a zoo model's converted
     folder, which engines can read, else `base_reference`."""
-    return str(zoo.model_path(base)) if base in ZOO else base_reference(base)
+    return engine_base_name(base) if base in ZOO else base_reference(base)
 
 
 def _head_shape(config: MedusaConfig, name: str) -> Any:

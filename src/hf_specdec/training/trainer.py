@@ -154,7 +154,10 @@ class MedusaTrainer(Trainer):
 def _placed_like(state: dict[str, torch.Tensor], current: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A checkpoint's full tensors placed as the module's own are: under FSDP2 parameters are `DTensor`s, each
     process holding a shard, and each process keeps its shard of the full tensor (the same on every process)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    try:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+    except ImportError:  # torch < 2.5 keeps them private
+        from torch.distributed._tensor import DTensor, distribute_tensor
 
     placed = {}
     for name, tensor in state.items():
