@@ -21,9 +21,13 @@ if [ ! -s "$data/held_out.jsonl" ]; then
     head -n 234 "$data/maths_all.jsonl" > "$data/maths.jsonl"
     head -n 725 "$data/code_all.jsonl" > "$data/code.jsonl"
     head -n 241 "$data/chat_all.jsonl" > "$data/chat.jsonl"
-    tail -n 12 "$data/maths_all.jsonl" > "$data/held_out.jsonl"
-    tail -n 36 "$data/code_all.jsonl" >> "$data/held_out.jsonl"
-    tail -n 12 "$data/chat_all.jsonl" >> "$data/held_out.jsonl"
+    tail -n +235 "$data/maths_all.jsonl" > "$data/held_out.jsonl"  # what follows the training lines only
+    tail -n +726 "$data/code_all.jsonl" >> "$data/held_out.jsonl"
+    tail -n +242 "$data/chat_all.jsonl" >> "$data/held_out.jsonl"
+fi
+resume=()
+if compgen -G "$out/checkpoint-*" > /dev/null; then
+    resume=(--resume_from_checkpoint true)  # an interrupted run goes on from its last checkpoint
 fi
 if [ ! -d "$out/checkpoint-150" ]; then
     python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base qwen2.5-coder-1.5b --dtype bfloat16 \
@@ -32,7 +36,7 @@ if [ ! -d "$out/checkpoint-150" ]; then
         --head_intermediate_size 2240 --head_vocab_size 16384 --max_length 288 --output_dir "$out" \
         --num_train_epochs 1 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 10 \
         --lr_scheduler_type constant_with_warmup --bf16 --use_cpu --eval_fraction 0 --save_strategy steps \
-        --save_steps 15 --report_to none --logging_steps 15
+        --save_steps 15 --report_to none --logging_steps 15 "${resume[@]}"
 fi
 [ -z "${DRY_RUN:-}" ] || exit 0
 python "$(dirname "$0")/../tools/scaling_curve.py" --base qwen2.5-coder-1.5b --run "$out" --steps 15,30,60,90,150 \
