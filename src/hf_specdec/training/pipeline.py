@@ -493,9 +493,9 @@ def base_reference(base: str) -> str:
 
 
 def _served_base(base: str) -> str:
-    """The base as a serving engine loads it (TGI reads it from the exported config): a zoo model's converted
-    folder, which engines can read, else `base_reference`."""
-    return engine_base_name(base) if base in ZOO else base_reference(base)
+    """The base as a serving engine loads it (TGI reads it from the exported config): `base_reference`, a zoo
+    model named by its converted folder, which engines can read."""
+    return engine_base_name(base_reference(base))
 
 
 def _head_shape(config: MedusaConfig, name: str) -> Any:
