@@ -186,3 +186,52 @@ def test_no_plain_steps_where_drafting_pays(path: str) -> None:
     sequences, plain, plain_steps = _generate(path, FREE, twin=True)
     assert plain_steps == 0
     assert torch.equal(sequences, plain)
+
+
+@pytest.mark.parametrize("path", ["assistant", "assistant-tree", "hybrid"])
+def test_a_step_that_catches_the_draft_up_does_not_price_a_draft_forward(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two plain steps between drafting ones: each drafting step first feeds the draft three or more tokens per
+    row it has not seen, a forward that costs more than a draft forward; the cost model learns `c` from the
+    other steps only."""
+    pattern = iter([True, True] + [False, False, True] * 10**5)
+
+    def every_third(self: SpeculationGate, rows: int) -> bool:
+        drafts = next(pattern)
+        self.plain_steps += not drafts
+        return drafts
+
+    seen: list[tuple[bool, int]] = []  # (the proposal caught up, draft forwards the cost model was told of)
+    proposals: list[bool] = []
+    observe = CostModel.observe
+    verified = hf_specdec.generation.step_clock.StepClock.verified
+
+    def record_observe(self: CostModel, draft_seconds, draft_forwards, *args, **kwargs) -> None:
+        seen.append((proposals[-1], draft_forwards))
+        observe(self, draft_seconds, draft_forwards, *args, **kwargs)
+
+    def record_verified(self, forwards, rows, width, gained, catch_up=False):
+        proposals.append(catch_up)
+        return verified(self, forwards, rows, width, gained, catch_up)
+
+    monkeypatch.setattr(SpeculationGate, "speculate", every_third)
+    monkeypatch.setattr(CostModel, "observe", record_observe)
+    monkeypatch.setattr(hf_specdec.generation.step_clock.StepClock, "verified", record_verified)
+    sequences, plain, _ = _generate(path, FREE, twin=True)
+    assert torch.equal(sequences, plain)
+    assert not seen[0][0] and seen[0][1] > 0  # a drafting step right after another: priced
+    caught_up = [forwards for catch_up, forwards in seen if catch_up]
+    assert caught_up and all(forwards == 0 for forwards in caught_up)
+
+
+def test_a_lookup_step_pays_for_the_draft_catching_up_after_it() -> None:
+    """The draft model's recent steps brought 2.5 tokens per row for 2 forwards of 0.3 plain steps (1 + 0.6 +
+    0.05 * 4 rows * 2 = 2.0 plain steps: 1.25 tokens per plain step). A lookup of 4 drafts per row that brings
+    2.3 tokens costs 1 + 0.05 * 4 * 4 = 1.8 plain steps (1.28 tokens per plain step, more), but leaves the draft
+    1.3 tokens per row to feed, 0.3 * 0.05 * 4 * 1.3 = 0.078 plain steps more (1.22: less); at 2.5 tokens it
+    still wins (2.5 / 1.89 = 1.32)."""
+    costs = CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05))
+    lookup_pays_more = hf_specdec.generation.decisions.lookup_pays_more
+    assert not lookup_pays_more(costs, rows=4, lookup_tokens=2.3, lookup_width=4, model_tokens=2.5, model_drafts=2)
+    assert lookup_pays_more(costs, rows=4, lookup_tokens=2.5, lookup_width=4, model_tokens=2.5, model_drafts=2)

@@ -255,9 +255,10 @@ class DraftModelDrafter(ChainDrafter):
         self._last_drafts = draft_tokens[:, -1].to(self.device)  # pending next step if all are accepted
         q = torch.stack(probs, dim=1) if self.do_sample else None
         k = draft_tokens.shape[1]
+        catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
         if not track or (exact and bool((lengths >= k).all())):
-            return Chain(draft_tokens, q=q, forwards=k)
-        return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k)
+            return Chain(draft_tokens, q=q, forwards=k, catch_up=catch_up)
+        return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k, catch_up=catch_up)
 
     def room_to_draft(self, next_position: torch.Tensor) -> int:
         """How many tokens a step starting at `next_position` `(active,)` can draft before some row's draft

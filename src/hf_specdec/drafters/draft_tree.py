@@ -173,7 +173,8 @@ class DraftTreeDrafter(DraftModelDrafter):
         self._fed = self._pending_width + fed_pool.shape[1]
         self._fed_pool, self._chosen, self._grafted = fed_pool, grown.chosen, looked_up
         # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
-        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up)
+        catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
+        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, catch_up=catch_up)
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;

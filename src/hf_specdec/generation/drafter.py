@@ -42,6 +42,9 @@ class Proposal(NamedTuple):
             accept from it.
         forwards (`int`): draft-model forward passes the proposal took (0 for a lookup or heads).
         looked_up (`bool`): whether prompt lookup drafted any of it (for the statistics).
+        catch_up (`bool`): whether the drafter first fed committed tokens it had not seen after plain or lookup
+            steps (more than a step's usual one or two): that forward costs more than a draft forward, so the
+            step's drafting time says nothing of what one costs (the cost model leaves `c` as it was).
         chain (`bool`): every row's tree is a chain numbered in order, so an accepted path is a prefix of the
             nodes (the loop then moves no cache slot and gathers no score).
     """
@@ -52,6 +55,7 @@ class Proposal(NamedTuple):
     drafted: torch.Tensor | int | None = None
     forwards: int = 0
     looked_up: bool = False
+    catch_up: bool = False
     chain: bool = False
 
 
@@ -169,6 +173,7 @@ def chain_proposal(
     lengths: torch.Tensor | None = None,
     forwards: int = 0,
     looked_up: bool = False,
+    catch_up: bool = False,
 ) -> Proposal:
     """A chain per row as a `Proposal`.
 
@@ -178,7 +183,7 @@ def chain_proposal(
         q (`torch.Tensor` of shape `(active, k, vocab)`, *optional*): the distribution each draft was drawn from.
         lengths (`torch.LongTensor` of shape `(active,)`, *optional*): how many of the k tokens each row really
             drafted (the rest is filler, never accepted); all k when `None`.
-        forwards, looked_up: as in `Proposal`.
+        forwards, looked_up, catch_up: as in `Proposal`.
     """
     batch, k = tokens.shape
     nodes = torch.cat([last_token[:, None].to(tokens.device), tokens], dim=1)  # (A, k+1)
@@ -189,7 +194,7 @@ def chain_proposal(
         children = torch.where(trees.depths[..., None] < lengths[:, None, None], trees.children, -1)  # (A, k+1, 1)
         trees = dataclasses.replace(trees, real=real, children=children)
     # q at node j is what node j's child (draft j) was drawn from; the last node has no child, and no row of q.
-    return Proposal(nodes, trees, q, drafted, forwards, looked_up, chain=True)
+    return Proposal(nodes, trees, q, drafted, forwards, looked_up, catch_up, chain=True)
 
 
 class Chain(NamedTuple):
@@ -200,6 +205,7 @@ class Chain(NamedTuple):
     lengths: torch.Tensor | None = None
     forwards: int = 0
     looked_up: bool = False
+    catch_up: bool = False
 
 
 class ChainDrafter:

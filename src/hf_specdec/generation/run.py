@@ -289,8 +289,11 @@ class DecodingRun:
         """Time the step for the cost model and the gate, and count it in the statistics."""
         outcome, stats = self.outcome, self.stats
         rows, width = proposal.nodes.shape
-        for timing in self.clock.verified(proposal.forwards, rows, width, 1 + outcome.num_accepted[self.laggard]):
-            self.costs.observe(timing.draft, timing.forwards, timing.verify, timing.rows, timing.width)
+        gained = 1 + outcome.num_accepted[self.laggard]
+        for timing in self.clock.verified(proposal.forwards, rows, width, gained, proposal.catch_up):
+            # A step that began by catching the draft up tells nothing of what one draft forward costs.
+            forwards = 0 if timing.catch_up else timing.forwards
+            self.costs.observe(timing.draft, forwards, timing.verify, timing.rows, timing.width)
             # The batch finishes with its least advanced row: a step pays if it advances that row faster than
             # plain steps would (rows ahead of it finishing sooner barely shortens the call).
             self.gate.observe(

@@ -24,6 +24,7 @@ class StepTiming(NamedTuple):
         rows (`int`): rows verified.
         width (`int`): tokens verified per row.
         gained (`float`): tokens the least advanced row committed.
+        catch_up (`bool`): the drafting began by feeding a draft what it had not seen (`Proposal.catch_up`).
     """
 
     draft: float
@@ -32,6 +33,7 @@ class StepTiming(NamedTuple):
     rows: int
     width: int
     gained: float
+    catch_up: bool = False
 
 
 class StepClock:
@@ -46,7 +48,7 @@ class StepClock:
         self.draft_seconds = 0.0
         self.verify_seconds = 0.0
         self._marks: list[float | torch.cuda.Event] = []
-        self._pending: tuple[list[torch.cuda.Event], tuple[int, int, int, float]] | None = None
+        self._pending: tuple[list[torch.cuda.Event], tuple[int, int, int, float, bool]] | None = None
 
     def _mark(self) -> None:
         if self.cuda:
@@ -63,11 +65,11 @@ class StepClock:
     def drafted(self) -> None:
         self._mark()
 
-    def verified(self, forwards: int, rows: int, width: int, gained: float) -> list[StepTiming]:
+    def verified(self, forwards: int, rows: int, width: int, gained: float, catch_up: bool = False) -> list[StepTiming]:
         """End the step (`forwards` draft forwards, `rows` x `width` tokens verified, `gained` tokens for the
-        least advanced row) and return the timings now known."""
+        least advanced row, `catch_up` as in `StepTiming`) and return the timings now known."""
         self._mark()
-        shape = (forwards, rows, width, gained)
+        shape = (forwards, rows, width, gained, catch_up)
         if not self.cuda:
             start, drafted, verified = self._marks  # type: ignore[misc]
             return [self._timing(float(drafted - start), float(verified - drafted), shape)]
@@ -77,7 +79,7 @@ class StepClock:
         (start, drafted, verified), shape = done
         return [self._timing(start.elapsed_time(drafted) / 1e3, drafted.elapsed_time(verified) / 1e3, shape)]
 
-    def _timing(self, draft: float, verify: float, shape: tuple[int, int, int, float]) -> StepTiming:
+    def _timing(self, draft: float, verify: float, shape: tuple[int, int, int, float, bool]) -> StepTiming:
         self.draft_seconds += draft
         self.verify_seconds += verify
         return StepTiming(draft, verify, *shape)

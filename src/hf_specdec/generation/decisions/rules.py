@@ -89,7 +89,12 @@ def lookup_pays_more(
 ) -> bool:
     """Whether a prompt-lookup step is expected to bring more tokens per unit of cost than a draft-model step:
     the lookup's `lookup_tokens` per row for verifying `lookup_width` drafts per row, against the draft model's
-    recent `model_tokens` per row for `model_drafts` draft forwards and as many verified drafts."""
-    lookup_rate = lookup_tokens / costs.step(0, rows, 1 + lookup_width)
+    recent `model_tokens` per row for `model_drafts` draft forwards and as many verified drafts.
+
+    A lookup step also leaves the draft model behind by the tokens it commits, which the draft feeds at its next
+    forward: about `lookup_tokens - 1` more tokens per row than after a step of its own, each taken to cost the
+    draft what one more verified token costs the target, in proportion (`c * v` per row)."""
+    catch_up = costs.draft_forward * costs.verify_per_token * rows * max(lookup_tokens - 1.0, 0.0)
+    lookup_rate = lookup_tokens / (costs.step(0, rows, 1 + lookup_width) + catch_up)
     model_rate = model_tokens / costs.step(model_drafts, rows, 1 + model_drafts)
     return lookup_rate > model_rate
