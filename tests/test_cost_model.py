@@ -23,6 +23,30 @@ def test_costs_are_recovered_from_step_timings() -> None:
     assert costs.estimated == SpeculativeCosts(costs.draft_forward, costs.verify_per_token)
 
 
+def test_a_steps_fixed_cost_is_told_apart_from_each_more_verified_token() -> None:
+    """Target at batch 4: a plain step's forward 0.2 s; verifying k drafts per row 0.25 + 0.005 * 4k s (a CPU's
+    forward leaving its one-token path): `s` = 0.05 / 0.2 = 0.25 plain steps and `v` = 0.005 / 0.2 = 0.025, not a
+    line through the plain step that would price every token higher."""
+    costs = CostModel(draft_forward=0.3)
+    for k in [2, 5, 8, 3, 6, 4, 7] * 4:
+        costs.observe(0.0, 0, 0.2, rows=4, verified_per_row=1)
+        costs.observe(0.06 * k, k, 0.25 + 0.005 * 4 * k, rows=4, verified_per_row=k + 1)
+    assert costs.verify_per_token == pytest.approx(0.025, abs=0.002)
+    assert costs.step_overhead == pytest.approx(0.25, abs=0.02)
+    assert costs.draft_forward == pytest.approx(0.3, abs=0.01)  # 0.06 s against the plain forward's 0.2 s
+    assert costs.estimated.step(0, rows=4, verified_per_row=1) == 1.0  # a plain step pays no overhead
+    assert costs.estimated.step(0, rows=4, verified_per_row=3) == pytest.approx(1.0 + 0.25 + 0.025 * 8, abs=0.03)
+
+
+def test_a_lookup_drafts_nothing_when_its_drafts_cannot_pay_for_the_step() -> None:
+    """Each position's 0.3 chance passes the per-token cost of 0.1, but two positions bring 0.4 more than their
+    cost, short of a step's fixed cost of 0.5: a plain step instead; with 0.3 of fixed cost they draft."""
+    shared_width = hf_specdec.generation.decisions.shared_width
+    assert shared_width([[0.3, 0.3]], None, cost=0.1, step_cost=0.5) == 0
+    assert shared_width([[0.3, 0.3]], None, cost=0.1, step_cost=0.3) == 2
+    assert shared_width([[0.3, 0.3]], None, cost=0.1) == 2
+
+
 def test_fixed_costs_predict_a_step_and_never_change() -> None:
     fixed = SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05)
     assert fixed.step(draft_forwards=4, rows=4, verified_per_row=5) == pytest.approx(1.2 + 1.0 + 0.8)

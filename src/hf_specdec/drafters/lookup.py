@@ -135,7 +135,7 @@ class PromptLookupDrafter(ChainDrafter):
         width = most
         if self.adaptive:  # c = 0: a lookup costs no draft forward; one more position costs v * rows
             survivals = [self.history[n].survival(len(continuation)) if n else [] for continuation, n in matches]
-            width = shared_width(survivals, buffer.lagging_rows(), costs.threshold(len(rows)))
+            width = shared_width(survivals, buffer.lagging_rows(), costs.threshold(len(rows)), costs.step_threshold())
         found = [continuation[: max(min(width, max_tokens), 0)] for continuation, _ in matches]
         self._lengths = [len(f) for f in found]
         k = max(self._lengths, default=0)

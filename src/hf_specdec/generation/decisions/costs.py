@@ -1,16 +1,21 @@
 """What a speculative step costs, in plain decoding steps: `CostModel`, the one cost model every decision weighs.
 
-Two costs decide every adaptive choice, both in units of one plain decoding step (a target forward over one
+Three costs decide every adaptive choice, all in units of one plain decoding step (a target forward over one
 token per row):
 
 - `c`, one draft forward (a draft model's, or a head's for EAGLE heads; 0 for drafters that run no model);
 - `v`, one more verified token (verification time grows with rows x tokens once the hardware is busy: on a
-  GPU it barely grows up to dozens of tokens, on a CPU it grows almost from the first).
+  GPU it barely grows up to dozens of tokens, on a CPU it grows almost from the first);
+- `s`, what a step that verifies drafts costs beyond a plain step and its `v` per extra token: the target's
+  forward leaving its one-token path (a mask, matrix products instead of matrix-vector ones). On a CPU the
+  second verified token per row costs several times what each next one does; a line through plain steps and
+  speculative ones would put that jump in `v`, so that drafts look dearer the longer they are.
 
-`CostModel` measures them while decoding: verification time is fitted as a line in the number of verified
-tokens (exponentially weighted, recent steps count more), a draft forward's time is taken relative to the
-fitted time of a one-token-per-row forward, and the whole step (drafting, verification and the loop's own
-work) is compared with a plain step. Or it holds them fixed (`SpeculativeCosts`, for example the ones an
+`CostModel` measures them while decoding: the verification time of speculative steps is fitted as a line in the
+number of verified tokens (exponentially weighted, recent steps count more), whose slope is `v` and whose value
+at one token per row, above a measured plain step's, is `s`; a draft forward's time is taken relative to a plain
+step's forward, and the whole step (drafting, verification and the loop's own work) is compared with a plain
+step. Or it holds them fixed (`SpeculativeCosts`, for example the ones an
 earlier run measured, returned in `SpeculativeStats.costs`): every decision is then a function of the tokens
 alone, so seeded sampling is reproducible.
 
@@ -40,25 +45,30 @@ class SpeculativeCosts:
     Args:
         draft_forward (`float`): `c`, one draft-model forward (ignored by prompt lookup and heads, which run none).
         verify_per_token (`float`): `v`, verifying one more token (in the whole batch).
+        step_overhead (`float`): `s`, what a step that verifies drafts costs beyond a plain step and `v` per extra
+            verified token (0 by default).
     """
 
     draft_forward: float
     verify_per_token: float
+    step_overhead: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("draft_forward", "verify_per_token"):
+        for name in ("draft_forward", "verify_per_token", "step_overhead"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):
                 raise ValueError(f"SpeculativeCosts.{name} is a non-negative number of target forwards, got {value!r}.")
 
     def step(self, draft_forwards: float, rows: int, verified_per_row: float) -> float:
         """A step's predicted cost in plain steps: its draft forwards, then verifying `verified_per_row` tokens
-        for each of `rows` rows (one per row is a plain step)."""
-        return self.draft_forward * draft_forwards + 1.0 + self.verify_per_token * rows * (verified_per_row - 1)
+        for each of `rows` rows (one per row is a plain step; more pay `s` once)."""
+        extra = verified_per_row - 1
+        overhead = self.step_overhead if extra > 0 else 0.0
+        return self.draft_forward * draft_forwards + 1.0 + overhead + self.verify_per_token * rows * extra
 
 
 class CostModel:
-    """Measures (or holds fixed) `c` and `v`, the time of a plain step, and the running rate of recent steps
+    """Measures (or holds fixed) `c`, `v` and `s`, the time of a plain step, and the running rate of recent steps
     (tokens per plain step, from the step costs measured or, when fixed, predicted from the tokens alone).
 
     Args:
@@ -73,8 +83,10 @@ class CostModel:
         self.fixed = fixed
         self._draft_forward = draft_forward if fixed is None else fixed.draft_forward
         self._verify_per_token = 0.0 if fixed is None else fixed.verify_per_token
-        self._verify = _VerifyLine()
+        self._step_overhead = 0.0 if fixed is None else fixed.step_overhead
+        self._verify = _VerifyLine()  # verification seconds of speculative steps against verified tokens
         self._plain: dict[int, float] = {}  # seconds of a plain step, by rows in the batch (running means)
+        self._plain_verify: dict[int, float] = {}  # of which its target forward's
         self._gain: float | None = None  # tokens recent speculative steps gave the least advanced row
         self._cost: float | None = None  # their cost in plain steps
         self._all_gain: float | None = None  # the same over every step, plain ones included (1 token, 1 step)
@@ -84,7 +96,7 @@ class CostModel:
     def verification_only(cls, fixed: SpeculativeCosts | None = None) -> CostModel:
         """The cost model of drafters that run no model (prompt lookup, Medusa heads): no draft forward to pay
         for (c = 0); `fixed`'s `verify_per_token` instead of measuring it."""
-        return cls(0.0, None if fixed is None else SpeculativeCosts(0.0, fixed.verify_per_token))
+        return cls(0.0, None if fixed is None else SpeculativeCosts(0.0, fixed.verify_per_token, fixed.step_overhead))
 
     @property
     def draft_forward(self) -> float:
@@ -97,22 +109,34 @@ class CostModel:
         return self._verify_per_token
 
     @property
+    def step_overhead(self) -> float:
+        """`s`: what a step that verifies drafts costs beyond a plain step and `v` per extra token, in plain steps."""
+        return self._step_overhead
+
+    @property
     def estimated(self) -> SpeculativeCosts:
         """The costs in use: the fixed ones, or the current estimates."""
-        return self.fixed or SpeculativeCosts(self._draft_forward, self._verify_per_token)
+        return self.fixed or SpeculativeCosts(self._draft_forward, self._verify_per_token, self._step_overhead)
 
     def observe(
         self, draft_seconds: float, draft_forwards: int, verify_seconds: float, rows: int, verified_per_row: int
     ) -> None:
-        """Refine `c` and `v` from one step: `draft_forwards` draft forwards took `draft_seconds`, verifying
-        `verified_per_row` tokens for each of `rows` rows took `verify_seconds`. Nothing changes when fixed."""
+        """Refine `c`, `v` and `s` from one step: `draft_forwards` draft forwards took `draft_seconds`, verifying
+        `verified_per_row` tokens for each of `rows` rows took `verify_seconds` (one per row: a plain step's
+        forward, which speculative steps' verification is compared with). Nothing changes when fixed."""
         if verify_seconds <= 0 or self.fixed is not None:
             return
+        if verified_per_row <= 1:
+            self._plain_verify[rows] = _smooth(self._plain_verify.get(rows), verify_seconds)
+            return
         self._verify.add(rows * verified_per_row, verify_seconds)
-        one_token, per_token = self._verify.predict(rows), self._verify.slope
-        if one_token is None:  # too few different verify sizes yet: compare with the whole verification
-            one_token, per_token = verify_seconds, 0.0
-        self._verify_per_token = per_token / one_token
+        plain, fitted, slope = self._plain_verify.get(rows), self._verify.predict(rows), self._verify.slope
+        if fitted is None:  # one verify size so far: no slope; against a plain step, all of the growth is `v`
+            slope = 0.0 if plain is None else max(verify_seconds - plain, 0.0) / (rows * (verified_per_row - 1))
+        one_token = plain or fitted or verify_seconds
+        self._verify_per_token = slope / one_token
+        if plain is not None and fitted is not None:
+            self._step_overhead = max(fitted - plain, 0.0) / plain
         if draft_forwards > 0:
             ratio = draft_seconds / draft_forwards / one_token
             self._draft_forward += COST_SMOOTHING * (ratio - self._draft_forward)
@@ -149,6 +173,11 @@ class CostModel:
         `hf_specdec.generation.decisions`)."""
         return self.rate * (self._draft_forward * draft_forwards + self._verify_per_token * rows)
 
+    def step_threshold(self) -> float:
+        """The least expected gain, in tokens per row, that the drafts of a step must bring together on top of
+        their own `threshold`s: the step's fixed cost `s`, times `rate`."""
+        return self.rate * self.estimated.step_overhead
+
     def pays(self, gain: float | Callable[[], float], rows: int, draft_forwards: int = 0) -> bool:
         """Whether one more drafted token per row (or tree node, or depth) that is expected to bring `gain`
         tokens per row pays for itself: the one question every adaptive rule asks (`threshold`). A gain the host
@@ -184,7 +213,7 @@ class CostModel:
         if plain is None:  # not measured yet: the fitted verification of one token per row
             plain = self._verify.predict(rows)
         if plain is None:  # no line yet either: this step's verification stands for a plain forward
-            plain = verify_seconds / SpeculativeCosts(0.0, self._verify_per_token).step(0, rows, verified_per_row)
+            plain = verify_seconds / self.estimated.step(0, rows, verified_per_row)
         return seconds / plain if plain > 0 else 1.0
 
 

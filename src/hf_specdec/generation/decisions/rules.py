@@ -49,21 +49,24 @@ def growth_rule(costs: CostModel, lagging: torch.Tensor, rows: int, draft_forwar
     return keep_growing
 
 
-def shared_width(survivals: list[list[float]], lagging: list[bool] | None, cost: float) -> int:
+def shared_width(
+    survivals: list[list[float]], lagging: list[bool] | None, cost: float, step_cost: float = 0.0
+) -> int:
     """How many tokens per row a batch should verify, when row b's j-th draft would be accepted (with all
     earlier ones) with chance `survivals[b][j]` and every row is verified to the same width (shorter rows are
     padded, and padding costs as much as drafts): widen while one more position is expected to bring, averaged
     over the least advanced rows (`lagging`, host values; every row when `None`), at least `cost` tokens
-    (`CostModel.threshold` with no draft forward)."""
+    (`CostModel.threshold` with no draft forward); and none at all (a plain step) unless the positions together
+    also bring `step_cost` (`CostModel.step_threshold`: what any step that verifies drafts costs more)."""
     if lagging is not None:
         survivals = [curve for curve, lags in zip(survivals, lagging, strict=True) if lags]
-    rows, width = max(len(survivals), 1), 0
+    rows, width, surplus = max(len(survivals), 1), 0, 0.0
     for position in range(max((len(curve) for curve in survivals), default=0)):
         gain = sum(curve[position] for curve in survivals if len(curve) > position) / rows
         if gain < cost:
             break
-        width = position + 1
-    return width
+        width, surplus = position + 1, surplus + gain - cost
+    return width if surplus >= step_cost else 0
 
 
 def nodes_worth_verifying(scores: torch.Tensor, num_nodes: int, lagging: list[bool], cost: float) -> int:
