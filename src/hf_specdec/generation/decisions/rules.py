@@ -49,9 +49,7 @@ def growth_rule(costs: CostModel, lagging: torch.Tensor, rows: int, draft_forwar
     return keep_growing
 
 
-def shared_width(
-    survivals: list[list[float]], lagging: list[bool] | None, cost: float, step_cost: float = 0.0
-) -> int:
+def shared_width(survivals: list[list[float]], lagging: list[bool] | None, cost: float, step_cost: float = 0.0) -> int:
     """How many tokens per row a batch should verify, when row b's j-th draft would be accepted (with all
     earlier ones) with chance `survivals[b][j]` and every row is verified to the same width (shorter rows are
     padded, and padding costs as much as drafts): widen while one more position is expected to bring, averaged
