@@ -197,6 +197,7 @@ def test_drafters_follow_plain_steps_between_their_own(path: str, monkeypatch: p
     def alternate(self: SpeculationGate, rows: int) -> bool:
         plain = next(calls) % 2 == 1
         self.plain_steps += plain
+        self.measuring = plain  # plain for certain: no free proposal (the hybrid's lookup) takes the step
         return not plain
 
     monkeypatch.setattr(SpeculationGate, "speculate", alternate)
@@ -259,3 +260,14 @@ def test_a_lookup_step_pays_for_the_draft_catching_up_after_it() -> None:
     lookup_pays_more = hf_specdec.generation.decisions.lookup_pays_more
     assert not lookup_pays_more(costs, rows=4, lookup_tokens=2.3, lookup_width=4, model_tokens=2.5, model_drafts=2)
     assert lookup_pays_more(costs, rows=4, lookup_tokens=2.5, lookup_width=4, model_tokens=2.5, model_drafts=2)
+
+
+def test_a_free_step_taken_while_the_gate_waits_leaves_the_wait_as_it_is() -> None:
+    gate = SpeculationGate(CostModel(fixed=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.05)))
+    assert gate.speculate(4)
+    gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)  # lost
+    assert not gate.speculate(4)
+    gate.drafted_while_waiting()  # the loop verified free drafts in that step: it lost too, but was not the gate's
+    gate.observe(1.0, seconds=0.0, draft_forwards=0, rows=4, verified_per_row=5, verify_seconds=0.0, free=True)
+    assert [gate.speculate(4) for _ in range(2)] == [False, True]  # the first wait, not a doubled one
+    assert gate.plain_steps == 1

@@ -12,6 +12,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
+from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
@@ -191,3 +192,37 @@ def test_catching_up_keeps_padding_positions_in_range() -> None:
     buffer = TokenBuffer(ids, config, StoppingCriteriaList(), scratch=8)
     chain = drafter.draft_chain(buffer, torch.tensor([8, 6]), CostModel(), max_tokens=2)
     assert chain.tokens.shape == (2, 2)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_lookup_proposes_while_the_gate_keeps_the_draft_model_waiting(batch: int, monkeypatch) -> None:
+    """A draft model whose forward costs five target forwards never pays: the gate keeps steps plain, and the
+    lookup, whose drafts cost no forward, still proposes on those steps; outputs stay plain greedy's."""
+    free: list[int] = []
+    propose_free = HybridDrafter.propose_free
+
+    def counting(self, *args, **kwargs):
+        proposal = propose_free(self, *args, **kwargs)
+        free.append(0 if proposal is None else int(proposal.nodes.shape[1] - 1))
+        return proposal
+
+    monkeypatch.setattr(HybridDrafter, "propose_free", counting)
+    target = tiny_target("llama")
+    draft = tiny_model("llama", seed=3, num_layers=1)
+    ids, mask = ragged_batch(batch, seed=4)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    out = target.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=NEW,
+        do_sample=False,
+        assistant=draft,
+        prompt_lookup_num_tokens=4,
+        speculative_costs=SpeculativeCosts(draft_forward=5.0, verify_per_token=0.01),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculative
+    assert free and max(free) > 0  # the gate waited, and the lookup drafted during the wait
+    assert stats.lookup_steps >= sum(1 for k in free if k > 0)
+    assert stats.plain_steps >= sum(1 for k in free if k == 0)  # the steps it drafted in are not plain ones

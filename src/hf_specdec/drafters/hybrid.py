@@ -14,8 +14,10 @@ rarely does, where the draft model is the better bet. Each step, this drafter co
 and drafts with the one whose expected tokens per unit of cost is higher (`decisions.lookup_pays_more`; `c`: a
 draft forward's cost, `v`: one more verified token per row, both from the loop's `CostModel`). Before the first
 model step the model drafts. On model steps the lookup's proposal is compared with the committed tokens,
-so its acceptance keeps being measured while it is not used. After a lookup step the draft model catches up
-on the committed tokens in one forward at its next proposal. Either way the target verifies, so outputs stay
+so its acceptance keeps being measured while it is not used. Where the draft model's steps do not pay (the
+speculation gate keeps steps plain: large batches, a draft model that rarely agrees), the lookup still proposes
+when it has drafts worth verifying (`propose_free`). After a lookup step the draft model catches up on the
+committed tokens in one forward at its next proposal. Either way the target verifies, so outputs stay
 exactly the target's.
 """
 
@@ -27,7 +29,7 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.decisions import CostModel, lookup_pays_more
 from hf_specdec.generation.decisions.constants import MODEL_STEP_SMOOTHING
-from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter
+from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter, Proposal, chain_proposal
 from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 
@@ -66,6 +68,24 @@ class HybridDrafter(ChainDrafter):
         else:
             self.last = self.model.draft_chain(buffer, next_position, costs, max_tokens)
         return self.last
+
+    def propose_free(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: CostModel,
+        max_tokens: int,
+    ) -> Proposal | None:
+        """The lookup's proposal alone, for a step the speculation gate keeps plain (the draft model's steps do not
+        pay there, a lookup's costs no draft forward): `None` where it drafts nothing (its own rule weighs each
+        draft against what verifying it costs, `shared_width`)."""
+        looked_up = self.lookup.draft_chain(buffer, next_position, costs, max_tokens)
+        if looked_up.tokens.shape[1] == 0:
+            return None
+        self.last = looked_up
+        self._num_drafted = looked_up.tokens.shape[1]
+        return chain_proposal(last_token, *looked_up)
 
     def _lookup_pays(self, looked_up: Chain, rows: int, costs: CostModel) -> bool:
         k = looked_up.tokens.shape[1]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -160,6 +160,24 @@ class Drafter(Protocol):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
+
+
+@runtime_checkable
+class FreeProposals(Protocol):
+    """A drafter with proposals that cost no drafter forward (prompt lookup's beside a draft model): the loop asks
+    for one on the steps the speculation gate keeps plain, where the drafter's costly proposals do not pay."""
+
+    def propose_free(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: CostModel,
+        max_tokens: int,
+    ) -> Proposal | None:
+        """As `Drafter.propose`, from the free part of the drafter only; `None` where it proposes nothing (the
+        step is then plain, and followed with `Drafter.follow`). A proposal returned is committed with
+        `Drafter.commit`."""
 
 
 #: Builds the drafter of one `generate()` call once the loop has prepared its context.

@@ -22,9 +22,17 @@ from hf_specdec.generation.acceptance import (
 )
 from hf_specdec.generation.continuation import Continuation
 from hf_specdec.generation.decisions import CostModel, SpeculationGate
-from hf_specdec.generation.drafter import Accepted, DrafterFactory, DraftingContext, Proposal, chain_proposal
+from hf_specdec.generation.drafter import (
+    Accepted,
+    DrafterFactory,
+    DraftingContext,
+    FreeProposals,
+    Proposal,
+    chain_proposal,
+)
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
+from hf_specdec.generation.prefill import prefill_by_span
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
@@ -145,6 +153,7 @@ class DecodingRun:
         self.last_token: torch.Tensor  # (A,) each active row's last committed token: the next tree's root
         self.next_position: torch.Tensor  # (A,) logical position of the first drafted node
         self.speculating = True  # whether the current step drafts (else a plain one-token step)
+        self.free_step = False  # whether its drafts cost no drafter forward and the gate did not ask for them
         self.laggard = 0  # the least advanced row of the current step (the batch is done when it is)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, streamer: BaseStreamer | None) -> None:
@@ -154,14 +163,17 @@ class DecodingRun:
         if self.continuation is not None:
             self.continuation.seed(self.target, positions)
             done = self.continuation.cached
-        out = self.target.forward(
-            input_ids[:, done:],
-            valid[:, done:],
-            positions[:, done:],
-            chain_structure(input_ids.shape[1] - done, input_ids.device),
-            logits_to_keep=1,
-            output_hidden_states=self.hidden_states,
-        )
+        if done or self.capacity is not None:  # a cache already started, or a static one: one padded forward
+            out = self.target.forward(
+                input_ids[:, done:],
+                valid[:, done:],
+                positions[:, done:],
+                chain_structure(input_ids.shape[1] - done, input_ids.device),
+                logits_to_keep=1,
+                output_hidden_states=self.hidden_states,
+            )
+        else:  # rows by span: the padding of short prompts is not computed (`prefill_by_span`)
+            out = prefill_by_span(self.target, input_ids, valid, positions, self.hidden_states)
         if self.continuation is not None:
             self.continuation.prefilled(self.target)
         # Scratch after max_length: a step's drafted path plus the token the target adds (no path is longer than
@@ -197,15 +209,23 @@ class DecodingRun:
 
     def draft(self) -> Proposal:
         """A tree per active row; no path longer than the least advanced row can still commit. Where drafting is
-        not expected to pay (the speculation gate), a plain step: each row's last token alone."""
+        not expected to pay (the speculation gate), a plain step: each row's last token alone, or what the drafter
+        proposes at no drafter forward (`FreeProposals`)."""
         buffer, last_token = self.buffer, self.last_token
         self.clock.start()
         budget = buffer.max_length - 1 - buffer.least_advanced
         self.laggard = buffer.laggard()
         self.speculating = self.gate.speculate(last_token.shape[0])
+        self.free_step = False
+        proposal: Proposal | None = None
         if self.speculating:
             proposal = self.drafter.propose(buffer, last_token, self.next_position, self.costs, max_tokens=budget)
-        else:
+        elif not self.gate.measuring and isinstance(self.drafter, FreeProposals):  # free drafts may still pay
+            proposal = self.drafter.propose_free(buffer, last_token, self.next_position, self.costs, budget)
+            self.speculating = self.free_step = proposal is not None
+            if self.free_step:
+                self.gate.drafted_while_waiting()
+        if proposal is None:
             proposal = chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         self.clock.drafted()
         return proposal
@@ -297,8 +317,9 @@ class DecodingRun:
             # The batch finishes with its least advanced row: a step pays if it advances that row faster than
             # plain steps would (rows ahead of it finishing sooner barely shortens the call).
             self.gate.observe(
-                timing.gained, timing.draft + timing.verify, timing.forwards, timing.rows, timing.width, timing.verify
-            )
+                timing.gained, timing.draft + timing.verify, timing.forwards, timing.rows, timing.width, timing.verify,
+                free=self.free_step,
+            )  # fmt: skip
         self.counts.record(self.buffer.active_rows, outcome.drafted, outcome.num_accepted, outcome.emitted)
         stats.lookup_steps += proposal.looked_up
         stats.draft_forwards += proposal.forwards

@@ -6,8 +6,9 @@ below `C` on average over recent steps (`LEAST_STEP_RATE`: drafting brought less
 the loop takes plain one-token steps instead, and tries drafting again after a while (sooner when it last paid),
 since what drafts bring changes with the text (a reply that starts quoting its prompt) and what verification
 costs changes with the rows left in the batch. The drafter still follows the text during plain steps (prompt
-lookup indexes it, a draft model catches up at its next draft). A plain step of each batch size is measured once
-before it is compared with.
+lookup indexes it, a draft model catches up at its next draft), and a drafter whose proposals cost no forward
+(prompt lookup beside a draft model) may still propose during the wait. A plain step of each batch size is
+measured once before it is compared with.
 """
 
 from __future__ import annotations
@@ -30,15 +31,22 @@ class SpeculationGate:
         self._patience = FIRST_PATIENCE
         self._wait = 0  # plain steps left before drafting again
         self.plain_steps = 0
+        self.measuring = False  # whether the step `speculate` kept plain is there to measure a plain step
 
     def speculate(self, rows: int) -> bool:
         """Whether the next step of `rows` rows drafts (else the loop verifies each row's last token alone)."""
         explore = self.enabled and self.costs.step_rate is not None and not self.costs.knows_plain(rows)
+        self.measuring = explore
         if self._wait > 0 or explore:  # explore: after a first step that drafted, measure one plain step
             self._wait = max(self._wait - 1, 0)
             self.plain_steps += 1
             return False
         return True
+
+    def drafted_while_waiting(self) -> None:
+        """The step `speculate` kept plain drafts after all, with proposals that cost no drafter forward: it is
+        not counted as a plain step."""
+        self.plain_steps -= 1
 
     def observe(
         self,
@@ -48,11 +56,14 @@ class SpeculationGate:
         rows: int,
         verified_per_row: int,
         verify_seconds: float,
+        free: bool = False,
     ) -> None:
         """Record a step: the least advanced row gained `gained` tokens; the step (drafting, verification and the
         loop's work) took `seconds`, with `draft_forwards` draft forwards and `verified_per_row` tokens verified
         per row, of which `verify_seconds` verifying. A step in which no row drafted (the gate's plain steps, or
-        a drafter that found nothing) is a plain step: it measures what plain steps take."""
+        a drafter that found nothing) is a plain step: it measures what plain steps take. A `free` step (drafts
+        that cost no drafter forward, taken while the gate keeps steps plain) is measured but leaves the gate's
+        wait as it is: it was not the gate's to judge."""
         if verified_per_row <= 1:
             self.costs.observe_plain(seconds, rows)
             self.costs.observe_step(gained, 1.0, speculative=False)
@@ -60,6 +71,8 @@ class SpeculationGate:
         self.costs.observe_step(
             gained, self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
         )
+        if free:
+            return
         step_rate = self.costs.step_rate
         assert step_rate is not None
         if step_rate >= LEAST_STEP_RATE or not self.enabled:
