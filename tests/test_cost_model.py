@@ -236,9 +236,9 @@ def test_a_step_that_catches_the_draft_up_does_not_price_a_draft_forward(
         seen.append((proposals[-1], draft_forwards))
         observe(self, draft_seconds, draft_forwards, *args, **kwargs)
 
-    def record_verified(self, forwards, rows, width, gained, catch_up=False):
+    def record_verified(self, forwards, rows, width, gained, catch_up=False, free=False):
         proposals.append(catch_up)
-        return verified(self, forwards, rows, width, gained, catch_up)
+        return verified(self, forwards, rows, width, gained, catch_up, free)
 
     monkeypatch.setattr(SpeculationGate, "speculate", every_third)
     monkeypatch.setattr(CostModel, "observe", record_observe)

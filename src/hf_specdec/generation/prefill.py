@@ -85,6 +85,7 @@ def prefill_by_span(
             layers[index][1][rows, :, columns] = values
         part_logits = getattr(out, "logits", None)  # a decoder run alone (a draft vocabulary's) returns none
         if part_logits is not None:
+            part_logits = part_logits[:, -1:]  # all of the span's where the model takes no `logits_to_keep`
             if logits is None:
                 logits = part_logits.new_zeros((batch, *part_logits.shape[1:]))
             logits[rows] = part_logits

@@ -163,7 +163,7 @@ class DecodingRun:
         if self.continuation is not None:
             self.continuation.seed(self.target, positions)
             done = self.continuation.cached
-        if done or self.capacity is not None:  # a cache already started, or a static one: one padded forward
+        if self.continuation is not None or self.capacity is not None:  # the caller's cache, a static one: padded
             out = self.target.forward(
                 input_ids[:, done:],
                 valid[:, done:],
@@ -310,7 +310,7 @@ class DecodingRun:
         outcome, stats = self.outcome, self.stats
         rows, width = proposal.nodes.shape
         gained = 1 + outcome.num_accepted[self.laggard]
-        for timing in self.clock.verified(proposal.forwards, rows, width, gained, proposal.catch_up):
+        for timing in self.clock.verified(proposal.forwards, rows, width, gained, proposal.catch_up, self.free_step):
             # A step that began by catching the draft up tells nothing of what one draft forward costs.
             forwards = 0 if timing.catch_up else timing.forwards
             self.costs.observe(timing.draft, forwards, timing.verify, timing.rows, timing.width)
@@ -318,7 +318,7 @@ class DecodingRun:
             # plain steps would (rows ahead of it finishing sooner barely shortens the call).
             self.gate.observe(
                 timing.gained, timing.draft + timing.verify, timing.forwards, timing.rows, timing.width, timing.verify,
-                free=self.free_step,
+                free=timing.free,
             )  # fmt: skip
         self.counts.record(self.buffer.active_rows, outcome.drafted, outcome.num_accepted, outcome.emitted)
         stats.lookup_steps += proposal.looked_up

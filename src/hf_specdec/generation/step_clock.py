@@ -25,6 +25,7 @@ class StepTiming(NamedTuple):
         width (`int`): tokens verified per row.
         gained (`float`): tokens the least advanced row committed.
         catch_up (`bool`): the drafting began by feeding a draft what it had not seen (`Proposal.catch_up`).
+        free (`bool`): its drafts cost no drafter forward and were taken while the speculation gate waited.
     """
 
     draft: float
@@ -34,6 +35,7 @@ class StepTiming(NamedTuple):
     width: int
     gained: float
     catch_up: bool = False
+    free: bool = False
 
 
 class StepClock:
@@ -48,7 +50,7 @@ class StepClock:
         self.draft_seconds = 0.0
         self.verify_seconds = 0.0
         self._marks: list[float | torch.cuda.Event] = []
-        self._pending: tuple[list[torch.cuda.Event], tuple[int, int, int, float, bool]] | None = None
+        self._pending: tuple[list[torch.cuda.Event], tuple[int, int, int, float, bool, bool]] | None = None
 
     def _mark(self) -> None:
         if self.cuda:
@@ -65,11 +67,13 @@ class StepClock:
     def drafted(self) -> None:
         self._mark()
 
-    def verified(self, forwards: int, rows: int, width: int, gained: float, catch_up: bool = False) -> list[StepTiming]:
+    def verified(
+        self, forwards: int, rows: int, width: int, gained: float, catch_up: bool = False, free: bool = False
+    ) -> list[StepTiming]:
         """End the step (`forwards` draft forwards, `rows` x `width` tokens verified, `gained` tokens for the
-        least advanced row, `catch_up` as in `StepTiming`) and return the timings now known."""
+        least advanced row, `catch_up` and `free` as in `StepTiming`) and return the timings now known."""
         self._mark()
-        shape = (forwards, rows, width, gained, catch_up)
+        shape = (forwards, rows, width, gained, catch_up, free)
         if not self.cuda:
             start, drafted, verified = self._marks  # type: ignore[misc]
             return [self._timing(float(drafted - start), float(verified - drafted), shape)]
@@ -79,7 +83,7 @@ class StepClock:
         (start, drafted, verified), shape = done
         return [self._timing(start.elapsed_time(drafted) / 1e3, drafted.elapsed_time(verified) / 1e3, shape)]
 
-    def _timing(self, draft: float, verify: float, shape: tuple[int, int, int, float, bool]) -> StepTiming:
+    def _timing(self, draft: float, verify: float, shape: tuple[int, int, int, float, bool, bool]) -> StepTiming:
         self.draft_seconds += draft
         self.verify_seconds += verify
         return StepTiming(draft, verify, *shape)

@@ -7,8 +7,8 @@ the loop takes plain one-token steps instead, and tries drafting again after a w
 since what drafts bring changes with the text (a reply that starts quoting its prompt) and what verification
 costs changes with the rows left in the batch. The drafter still follows the text during plain steps (prompt
 lookup indexes it, a draft model catches up at its next draft), and a drafter whose proposals cost no forward
-(prompt lookup beside a draft model) may still propose during the wait. A plain step of each batch size is
-measured once before it is compared with.
+(prompt lookup beside a draft model's chain: `HybridDrafter`) may still propose during the wait. A plain step of
+each batch size is measured once before it is compared with.
 """
 
 from __future__ import annotations
@@ -62,15 +62,15 @@ class SpeculationGate:
         loop's work) took `seconds`, with `draft_forwards` draft forwards and `verified_per_row` tokens verified
         per row, of which `verify_seconds` verifying. A step in which no row drafted (the gate's plain steps, or
         a drafter that found nothing) is a plain step: it measures what plain steps take. A `free` step (drafts
-        that cost no drafter forward, taken while the gate keeps steps plain) is measured but leaves the gate's
-        wait as it is: it was not the gate's to judge."""
+        that cost no drafter forward, taken while the gate keeps steps plain) counts toward the rate drafts must
+        beat but not toward the rate the gate judges drafting by, and leaves the wait as it is: it was not the
+        gate's to judge."""
         if verified_per_row <= 1:
             self.costs.observe_plain(seconds, rows)
             self.costs.observe_step(gained, 1.0, speculative=False)
             return
-        self.costs.observe_step(
-            gained, self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
-        )
+        cost = self.costs.in_plain_steps(seconds, draft_forwards, rows, verified_per_row, verify_seconds)
+        self.costs.observe_step(gained, cost, speculative=not free)  # a free step counts toward `rate` only
         if free:
             return
         step_rate = self.costs.step_rate
