@@ -31,10 +31,10 @@ def _clock(draft_forward_seconds: float) -> Iterator[None]:
         verified = verify(rows, verified_per_row)
         observe(self, forwards * draft_forward_seconds, forwards, verified, rows, verified_per_row)
 
-    def gate(self, tokens, seconds, forwards, rows, verified_per_row, verify_seconds) -> None:
+    def gate(self, tokens, seconds, forwards, rows, verified_per_row, verify_seconds, free=False) -> None:
         verified = verify(rows, verified_per_row)
         gate_observe(
-            self, tokens, forwards * draft_forward_seconds + verified, forwards, rows, verified_per_row, verified
+            self, tokens, forwards * draft_forward_seconds + verified, forwards, rows, verified_per_row, verified, free
         )
 
     with (
