@@ -1,5 +1,5 @@
-"""The prefill by span: rows of different lengths computed without most of their padding, into the cache and the
-outputs one padded forward would have built, for the target and a draft model alike."""
+"""A draft's prefill by span: rows of different lengths computed without most of their padding, into the cache and
+the outputs one padded forward would have built."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.prefill import prefill_by_span, span_groups
 from hf_specdec.generation.run import prompt_positions
 from hf_specdec.trees.masks import chain_structure
-from tests.tiny_models import ragged_batch, tiny_model, tiny_target
+from tests.tiny_models import ragged_batch, tiny_model
 
 
 def test_rows_share_a_forward_only_while_their_padding_stays_within_the_waste_allowed() -> None:
@@ -73,20 +73,3 @@ def test_the_outputs_are_the_padded_forwards_on_every_real_token(hidden: bool | 
         assert (ours is None) == (theirs is None)
         if ours is not None:
             torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("path", ["lookup", "assistant"])
-def test_the_targets_prefill_computes_no_padding_and_keeps_plain_greedys_tokens(path: str) -> None:
-    target = tiny_target("llama")
-    ids, mask = ragged_batch(4, seed=2, prompt=12)
-    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
-    fed: list[int] = []
-    hook = target.register_forward_pre_hook(
-        lambda _, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
-    )
-    drafting = {"prompt_lookup_num_tokens": 3} if path == "lookup" else {"assistant": tiny_model("llama", seed=0)}
-    out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, **drafting)
-    hook.remove()
-    spans = (12 - mask.argmax(dim=1)).tolist()
-    assert fed[: len(set(spans))] == sorted(set(spans), reverse=True)  # one forward per span, padding not fed
-    assert torch.equal(out, plain)

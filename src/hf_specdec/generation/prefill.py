@@ -1,15 +1,13 @@
-"""A prefill over a left-padded batch without computing most of its padding.
+"""A draft's prefill over a left-padded batch without computing most of its padding.
 
 Prompts of a batch are left-padded to the longest, and one forward over them computes every padding slot: on
-four prompts of 47 to 267 tokens (the benchmark's first batch), 1,068 slots for 673 real tokens. Where a
-forward costs in proportion to its tokens (a CPU, a long prompt on any device) that is a third of the prefill
-thrown away, once per call for the target and once more for a draft model. `prefill_by_span` runs rows of
-similar spans together (a span: from a row's first real token to the end) and assembles the cache and the
-outputs the padded forward would have built: each row's slots in the same columns, padding slots zero and
-marked invalid. Both the target's prefill and a draft model's are run this way (not a cache the caller passed
-in, nor a static cache, which fill in place). The numbers differ from a padded forward's by rounding only, as
-a forward over several new tokens differs from one over a single token: in float32 greedy decoding keeps plain
-greedy's tokens (tested on every path), in bfloat16 a divergence can fall at a numerical tie.
+four prompts of 47 to 267 tokens (the benchmark's first batch), 1,068 slots for 673 real tokens. A target pays
+this as plain `generate()` does; a draft model would pay it on top, once per call, at batch sizes where that
+fixed cost decides whether drafting pays at all. `prefill_by_span` runs rows of similar spans together (a span:
+from a row's first real token to the end) and assembles the cache and the outputs the padded forward would have
+built: each row's slots in the same columns, padding slots zero and marked invalid. Only a draft's prefill is run
+this way: the numbers it computes differ from a padded forward's by rounding, which changes what it proposes at
+most, never what is accepted (a target prefilled by span parts from plain greedy at float32 near-ties).
 """
 
 from __future__ import annotations

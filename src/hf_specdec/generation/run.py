@@ -32,7 +32,6 @@ from hf_specdec.generation.drafter import (
 )
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
-from hf_specdec.generation.prefill import prefill_by_span
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
@@ -163,17 +162,16 @@ class DecodingRun:
         if self.continuation is not None:
             self.continuation.seed(self.target, positions)
             done = self.continuation.cached
-        if self.continuation is not None or self.capacity is not None:  # the caller's cache, a static one: padded
-            out = self.target.forward(
-                input_ids[:, done:],
-                valid[:, done:],
-                positions[:, done:],
-                chain_structure(input_ids.shape[1] - done, input_ids.device),
-                logits_to_keep=1,
-                output_hidden_states=self.hidden_states,
-            )
-        else:  # rows by span: the padding of short prompts is not computed (`prefill_by_span`)
-            out = prefill_by_span(self.target, input_ids, valid, positions, self.hidden_states)
+        # One padded forward, as plain `generate()` prefills: rows prefilled apart would round differently, and in
+        # float32 a near-tie (a top-2 gap of 4e-5, seen by the models fuzzer) could then part from plain greedy.
+        out = self.target.forward(
+            input_ids[:, done:],
+            valid[:, done:],
+            positions[:, done:],
+            chain_structure(input_ids.shape[1] - done, input_ids.device),
+            logits_to_keep=1,
+            output_hidden_states=self.hidden_states,
+        )
         if self.continuation is not None:
             self.continuation.prefilled(self.target)
         # Scratch after max_length: a step's drafted path plus the token the target adds (no path is longer than
