@@ -1,5 +1,5 @@
-"""A draft's prefill by span: rows of different lengths computed without most of their padding, into the cache and
-the outputs one padded forward would have built."""
+"""A draft's prefill by span: rows of different lengths computed without most of their padding, into the cache one
+padded forward would have built."""
 
 from __future__ import annotations
 
@@ -56,20 +56,3 @@ def test_a_started_cache_refuses_states_from_elsewhere() -> None:
     seq.forward(ids, mask.bool(), prompt_positions(mask), chain_structure(ids.shape[1], ids.device))
     with pytest.raises(ValueError, match="empty dynamic cache"):
         seq.start_from([], mask.bool(), prompt_positions(mask))
-
-
-@pytest.mark.parametrize("hidden", [True, [1, -1]])
-def test_the_outputs_are_the_padded_forwards_on_every_real_token(hidden: bool | list[int]) -> None:
-    model = tiny_model("llama", seed=1)
-    ids, mask = ragged_batch(4, seed=5, prompt=12)
-    valid, positions = mask.bool(), prompt_positions(mask)
-    padded = CachedSequence(model, 4, ids.device).forward(
-        ids, valid, positions, chain_structure(12, ids.device), logits_to_keep=1, output_hidden_states=hidden
-    )
-    by_span = prefill_by_span(CachedSequence(model, 4, ids.device), ids, valid, positions, output_hidden_states=hidden)
-    torch.testing.assert_close(by_span.logits, padded.logits, rtol=1e-4, atol=1e-5)
-    assert len(by_span.hidden_states) == len(padded.hidden_states)
-    for ours, theirs in zip(by_span.hidden_states, padded.hidden_states, strict=True):
-        assert (ours is None) == (theirs is None)
-        if ours is not None:
-            torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-4, atol=1e-5)

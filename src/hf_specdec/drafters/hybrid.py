@@ -29,7 +29,7 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.decisions import CostModel, lookup_pays_more
 from hf_specdec.generation.decisions.constants import MODEL_STEP_SMOOTHING
-from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter, Proposal, chain_proposal
+from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter, Proposal
 from hf_specdec.generation.readback import StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 
@@ -84,8 +84,7 @@ class HybridDrafter(ChainDrafter):
         if looked_up.tokens.shape[1] == 0:
             return None
         self.last = looked_up
-        self._num_drafted = looked_up.tokens.shape[1]
-        return chain_proposal(last_token, *looked_up)
+        return self.proposal_of(last_token, looked_up)
 
     def _lookup_pays(self, looked_up: Chain, rows: int, costs: CostModel) -> bool:
         k = looked_up.tokens.shape[1]

@@ -257,7 +257,10 @@ class ChainDrafter:
         costs: CostModel,
         max_tokens: int,
     ) -> Proposal:
-        chain = self.draft_chain(buffer, next_position, costs, max_tokens)
+        return self.proposal_of(last_token, self.draft_chain(buffer, next_position, costs, max_tokens))
+
+    def proposal_of(self, last_token: torch.Tensor, chain: Chain) -> Proposal:
+        """`chain` as the `Proposal` of this step, remembering how many tokens it drafted for `commit`."""
         self._num_drafted = chain.tokens.shape[1]
         return chain_proposal(last_token, *chain)
 
