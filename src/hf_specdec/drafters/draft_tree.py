@@ -17,7 +17,9 @@ target's distribution exactly (`acceptance.sample_accept_tree`).
 
 With prompt lookup (`prompt_lookup_num_tokens=`), each row's looked-up continuation is grafted onto its tree
 (`tree_growth.graft_lookup`, as for Medusa and EAGLE heads): where the text repeats, lookup's long matches cost
-the draft nothing to propose.
+the draft nothing to propose. On the steps the speculation gate keeps plain (growing a tree does not pay: large
+batches on small machines), the lookup's chain is still verified where its own rule finds it worth it
+(`propose_free`); the draft then catches up on the committed tokens at its next tree, as after a plain step.
 
 The draft's cache keeps, after each step, the committed tokens and the accepted path's nodes it was fed (moved
 into path order); the path's nodes it was never fed (a leaf, grafted nodes) are fed at the next step with the
@@ -34,7 +36,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
+from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree, lookup_alone
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, Proposal, chain_proposal, committed_tokens
 from hf_specdec.generation.processing import RaggedLogitsProcessor, score_nodes
@@ -42,7 +44,6 @@ from hf_specdec.generation.readback import HostReads
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
-from hf_specdec.trees.row_trees import RowTrees
 
 # A draft tree's shape when `tree=` gives only its size (`tree=16`): growing stops where a depth does not pay,
 # so a deep limit costs nothing where the draft is unsure (Qwen2.5-Coder 1.5B/0.5B, batch 1: 16 nodes to depth 8
@@ -129,12 +130,9 @@ class DraftTreeDrafter(DraftModelDrafter):
         prompt lookup's continuation on."""
         room = self.room_to_draft(next_position)
         if room < 1:
-            rows = last_token.shape[0]
-            root = RowTrees.chain(1, last_token.device).expand(rows)
-            nodes, trees, looked_up = graft_lookup(
-                last_token[:, None], root, self.prompt_lookup, buffer, next_position, costs, max_tokens
-            )
-            return chain_proposal(last_token, nodes[:, 1:]) if not looked_up else Proposal(nodes, trees, looked_up=True)
+            proposal = lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
+            plain = chain_proposal(last_token, last_token.new_zeros(len(last_token), 0))
+            return proposal if proposal is not None else plain
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         spec = self.tree.within(min(max_tokens, room))
         target_device = buffer.tokens.device
@@ -176,14 +174,28 @@ class DraftTreeDrafter(DraftModelDrafter):
         catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
         return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, catch_up=catch_up)
 
+    def propose_free(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: CostModel,
+        max_tokens: int,
+    ) -> Proposal | None:
+        """Prompt lookup's chain alone, for a step the speculation gate keeps plain (growing a tree does not pay
+        there; a lookup costs no draft forward): `None` without a lookup, or where it drafts nothing."""
+        return lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
+
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
-        queue the path's nodes that were never fed, then the target's token."""
+        queue the path's nodes that were never fed, then the target's token. After a step that grew no tree (prompt
+        lookup's chain alone, `propose_free`), queue every committed token, as after a plain step."""
         if self.prompt_lookup is not None:
             self.prompt_lookup.observe(committed_tokens(accepted))
         if self.exhausted:
             return
-        if self._fed_pool is None:  # a step without a grown tree (a lookup chain once the draft ran out of room)
+        if self._fed_pool is None:
+            self.follow(accepted)
             return
         assert self.seq is not None and self._chosen is not None
         path, num_accepted = accepted.path, accepted.num_accepted

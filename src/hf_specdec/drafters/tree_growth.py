@@ -18,6 +18,7 @@ import torch
 
 from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.generation.decisions import CostModel, growth_rule, nodes_worth_verifying
+from hf_specdec.generation.drafter import Proposal, chain_proposal
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree, Expander, GrownPool
 from hf_specdec.trees.row_trees import RowTrees
@@ -79,3 +80,21 @@ def graft_lookup(
     if lookup is None:
         return nodes, trees, False
     return lookup.graft(nodes, trees, buffer, next_position, costs, max_tokens)
+
+
+def lookup_alone(
+    lookup: PromptLookupDrafter | None,
+    last_token: torch.Tensor,
+    buffer: TokenBuffer,
+    next_position: torch.Tensor,
+    costs: CostModel,
+    max_tokens: int,
+) -> Proposal | None:
+    """Each row's prompt-lookup continuation alone, as a chain from its last token (`last_token` `(A,)`), drafted
+    by the lookup's own rule (`PromptLookupDrafter.draft_chain`): a tree drafter's proposal on a step where its
+    own drafting does not pay (`FreeProposals`) or cannot run. `None` where the lookup drafts nothing, and without
+    a lookup."""
+    if lookup is None:
+        return None
+    chain = lookup.draft_chain(buffer, next_position, costs, max_tokens)
+    return chain_proposal(last_token, *chain) if chain.tokens.shape[1] else None

@@ -164,8 +164,9 @@ class Drafter(Protocol):
 
 @runtime_checkable
 class FreeProposals(Protocol):
-    """A drafter with proposals that cost no drafter forward (prompt lookup's beside a draft model): the loop asks
-    for one on the steps the speculation gate keeps plain, where the drafter's costly proposals do not pay."""
+    """A drafter with proposals that cost no drafter forward (prompt lookup's, beside a draft model's chains or
+    trees, or Medusa or EAGLE heads): the loop asks for one on the steps the speculation gate keeps plain, where the
+    drafter's costly proposals do not pay."""
 
     def propose_free(
         self,
@@ -272,16 +273,20 @@ class ChainDrafter:
 
 
 def append_pending(
-    features: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor, accepted: Accepted
+    features: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor, accepted: Accepted, most: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A plain step for a drafter fed the target's hidden states: each row's root (its hidden state, and the
-    target's token after it) joins the row's pending entries `features` `(A, P, H)` and `tokens` `(A, P)` at its
-    `count` `(A,)`. Returns the new entries and counts."""
+    """A step a drafter fed the target's hidden states did not draft (a plain step, or prompt lookup's chain alone):
+    each row's accepted path (every node's hidden state, and the token after it) joins the row's pending entries
+    `features` `(A, P, H)` and `tokens` `(A, P)` after its `count` `(A,)` real ones. `most`: at least the longest
+    path, known to the host (1 after a plain step). Returns the new entries and counts."""
     assert accepted.hidden is not None
-    rows, _, size = features.shape
-    features = torch.cat([features, features.new_zeros(rows, 1, size)], dim=1)
-    tokens = torch.cat([tokens, tokens.new_zeros(rows, 1)], dim=1)
-    slot = count[:, None]
-    features.scatter_(1, slot[..., None].expand(-1, 1, size), accepted.hidden[:, :1].to(features))
-    tokens.scatter_(1, slot, accepted.tokens[:, :1].to(tokens))
-    return features, tokens, count + 1
+    rows, width, size = features.shape
+    # One column past the new ones takes the writes of nodes past a row's path, then is cut off.
+    features = torch.cat([features, features.new_zeros(rows, most + 1, size)], dim=1)
+    tokens = torch.cat([tokens, tokens.new_zeros(rows, most + 1)], dim=1)
+    node = torch.arange(most, device=count.device)[None, :]  # (1, most)
+    on_path = node <= accepted.num_accepted[:, None].to(count.device)  # (A, most)
+    slot = torch.where(on_path, count[:, None] + node, width + most)
+    features.scatter_(1, slot[..., None].expand(-1, -1, size), accepted.hidden[:, :most].to(features))
+    tokens.scatter_(1, slot, accepted.tokens[:, :most].to(tokens))
+    return features[:, : width + most], tokens[:, : width + most], count + on_path.sum(dim=1)

@@ -24,7 +24,7 @@ from torch import nn
 
 from hf_specdec.drafters.draft_tree import FrontierAncestry
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree
+from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree, lookup_alone
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, DraftingContext, Proposal, append_pending, committed_tokens
 from hf_specdec.generation.kv_cache import CachedSequence
@@ -95,6 +95,7 @@ class EagleDrafter:
         self.start_position: torch.Tensor | None = None  # (A,)
         self._fed = 0  # entries the current step appended to the head's cache
         self._pending_width = 0  # of which the pending ones, fed first
+        self._grown = True  # whether this step grew a tree (else prompt lookup's chain alone, `propose_free`)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Keep the prompts: the head needs the base's features on them too (`start`)."""
@@ -188,8 +189,30 @@ class EagleDrafter:
         )
         return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up)
 
+    def propose_free(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: CostModel,
+        max_tokens: int,
+    ) -> Proposal | None:
+        """Prompt lookup's chain alone, for a step the speculation gate keeps plain (the head's trees do not pay
+        there; a lookup costs no head forward): `None` without a lookup, or where it drafts nothing. The head feeds
+        nothing this step: the accepted path joins its pending entries (`commit`)."""
+        proposal = lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
+        self._grown = proposal is None
+        return proposal
+
     def commit(self, accepted: Accepted) -> None:
-        """Drop the drafted nodes' entries; the accepted path's nodes become pending, with the base's features."""
+        """Drop the drafted nodes' entries; the accepted path's nodes become pending, with the base's features.
+        After a step that grew no tree (`propose_free`), the path's nodes join the pending entries."""
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.observe(committed_tokens(accepted))
+        if not self._grown:
+            self._grown = True
+            self._append(accepted)
+            return
         assert self.seq is not None and self.count is not None and self.start_position is not None
         width = self._pending_width
         self.seq.keep_prefix(self._fed, torch.full_like(self.count, width), keep_max=width)
@@ -199,13 +222,16 @@ class EagleDrafter:
         self.features = accepted.hidden.to(self.device)  # (A, D+1, H) at the path's nodes, the root first
         self.tokens = accepted.tokens.to(self.device)  # the token after each of them
         self.count = (accepted.num_accepted + 1).to(self.device)
-        if self.prompt_lookup is not None:
-            self.prompt_lookup.observe(committed_tokens(accepted))
 
     def follow(self, accepted: Accepted) -> None:
         """A plain step: the root's entry (its feature, the target's token after it) joins the pending ones."""
+        self._append(accepted)
+
+    def _append(self, accepted: Accepted) -> None:
+        """The accepted path's entries (each node's feature, the token after it) join the pending ones."""
         assert self.features is not None and self.tokens is not None and self.count is not None
-        self.features, self.tokens, self.count = append_pending(self.features, self.tokens, self.count, accepted)
+        most = accepted.path.shape[1] if accepted.outcome is None else accepted.outcome.max_accepted + 1
+        self.features, self.tokens, self.count = append_pending(self.features, self.tokens, self.count, accepted, most)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         assert self.seq is not None and self.features is not None and self.tokens is not None

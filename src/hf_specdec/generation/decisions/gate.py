@@ -7,7 +7,7 @@ the loop takes plain one-token steps instead, and tries drafting again after a w
 since what drafts bring changes with the text (a reply that starts quoting its prompt) and what verification
 costs changes with the rows left in the batch. The drafter still follows the text during plain steps (prompt
 lookup indexes it, a draft model catches up at its next draft), and a drafter whose proposals cost no forward
-(prompt lookup beside a draft model's chain: `HybridDrafter`) may still propose during the wait. A plain step of
+(prompt lookup beside a draft model or heads: `FreeProposals`) may still propose during the wait. A plain step of
 each batch size is measured once before it is compared with.
 """
 
