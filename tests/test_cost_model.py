@@ -65,7 +65,6 @@ def test_gate_takes_plain_steps_while_drafting_loses_and_retries_ever_later() ->
     assert [gate.speculate(4) for _ in range(3)] == [False, False, True]
     gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
     assert [gate.speculate(4) for _ in range(5)] == [False] * 4 + [True]  # patience doubled
-    assert gate.plain_steps == 6
     # The text turns easy: one step committing 10 tokens per row lifts the running gain above the cost.
     gate.observe(10.0, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)
     assert all(gate.speculate(4) for _ in range(10))
@@ -79,7 +78,7 @@ def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     first = SpeculationGate(costs)
     assert first.speculate(4)  # the first step drafts
     first.observe(2.5, 0.46, 0, 4, 5, 0.36)
-    assert not first.speculate(4) and first.plain_steps == 1  # no plain step of 4 rows measured yet
+    assert not first.speculate(4) and first.measuring  # no plain step of 4 rows measured yet
     costs.observe_plain(0.22, 4)
     assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
     # Each gate keeps its running gain in its own cost model (one per decoding call).
@@ -196,7 +195,6 @@ def test_drafters_follow_plain_steps_between_their_own(path: str, monkeypatch: p
 
     def alternate(self: SpeculationGate, rows: int) -> bool:
         plain = next(calls) % 2 == 1
-        self.plain_steps += plain
         self.measuring = plain  # plain for certain: no free proposal (the hybrid's lookup) takes the step
         return not plain
 
@@ -223,9 +221,7 @@ def test_a_step_that_catches_the_draft_up_does_not_price_a_draft_forward(
     pattern = iter([True, True] + [False, False, True] * 10**5)
 
     def every_third(self: SpeculationGate, rows: int) -> bool:
-        drafts = next(pattern)
-        self.plain_steps += not drafts
-        return drafts
+        return next(pattern)
 
     seen: list[tuple[bool, int]] = []  # (the proposal caught up, draft forwards the cost model was told of)
     proposals: list[bool] = []
@@ -267,7 +263,6 @@ def test_a_free_step_taken_while_the_gate_waits_leaves_the_wait_as_it_is() -> No
     assert gate.speculate(4)
     gate.observe(1.5, seconds=0.0, draft_forwards=4, rows=4, verified_per_row=5, verify_seconds=0.0)  # lost
     assert not gate.speculate(4)
-    gate.drafted_while_waiting()  # the loop verified free drafts in that step: it lost too, but was not the gate's
+    # The loop verified free drafts in that step: it lost too, but was not the gate's to judge.
     gate.observe(1.0, seconds=0.0, draft_forwards=0, rows=4, verified_per_row=5, verify_seconds=0.0, free=True)
     assert [gate.speculate(4) for _ in range(2)] == [False, True]  # the first wait, not a doubled one
-    assert gate.plain_steps == 1

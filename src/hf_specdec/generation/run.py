@@ -221,9 +221,8 @@ class DecodingRun:
         elif not self.gate.measuring and isinstance(self.drafter, FreeProposals):  # free drafts may still pay
             proposal = self.drafter.propose_free(buffer, last_token, self.next_position, self.costs, budget)
             self.speculating = self.free_step = proposal is not None
-            if self.free_step:
-                self.gate.drafted_while_waiting()
         if proposal is None:
+            self.stats.plain_steps += 1
             proposal = chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         self.clock.drafted()
         return proposal
@@ -331,7 +330,6 @@ class DecodingRun:
         `return_dict_in_generate=True`)."""
         self.counts.write(self.stats)
         self.stats.costs = self.costs.estimated
-        self.stats.plain_steps = self.gate.plain_steps
         if streamer is not None:
             streamer.end()
         config, buffer, recorder = self.generation_config, self.buffer, self.recorder

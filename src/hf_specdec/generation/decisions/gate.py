@@ -30,7 +30,6 @@ class SpeculationGate:
         self.enabled = enabled
         self._patience = FIRST_PATIENCE
         self._wait = 0  # plain steps left before drafting again
-        self.plain_steps = 0
         self.measuring = False  # whether the step `speculate` kept plain is there to measure a plain step
 
     def speculate(self, rows: int) -> bool:
@@ -39,14 +38,8 @@ class SpeculationGate:
         self.measuring = explore
         if self._wait > 0 or explore:  # explore: after a first step that drafted, measure one plain step
             self._wait = max(self._wait - 1, 0)
-            self.plain_steps += 1
             return False
         return True
-
-    def drafted_while_waiting(self) -> None:
-        """The step `speculate` kept plain drafts after all, with proposals that cost no drafter forward: it is
-        not counted as a plain step."""
-        self.plain_steps -= 1
 
     def observe(
         self,
