@@ -35,7 +35,9 @@ def call_text(method: Method) -> str:
 
 
 def machine(device: str) -> str:
-    """The hardware in words: the GPU's name, or the CPU's model and its number of cores."""
+    """The hardware in words: the GPU's name, or the CPU's model, the vector instructions torch uses on it (bf16
+    runs several times faster with AVX512-BF16 or AMX than with AVX2 alone: figures from the two do not compare) and
+    its number of cores."""
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():
@@ -43,7 +45,8 @@ def machine(device: str) -> str:
     model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
         model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
-    return f"a {os.cpu_count()}-core CPU ({model}, {torch.get_num_threads()} threads)"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"a {os.cpu_count()}-core CPU ({model}, {capability}, {torch.get_num_threads()} threads)"
 
 
 def command_line() -> str:
