@@ -6,6 +6,7 @@ import argparse
 import datetime
 import json
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ import transformers
 import hf_specdec
 from hf_specdec.api.mixin import speculative
 from hf_specdec.bench.cost_curve import verify_cost_curve
+from hf_specdec.bench.hardware import slow_bf16_warning
 from hf_specdec.bench.markdown import command_line, machine
 from hf_specdec.bench.methods import METHODS, NAMED_HEADS, PATTERNS, Method, heads_name, method_by_name, names_heads
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
@@ -211,6 +213,8 @@ def run_bench(args: argparse.Namespace) -> int:
     bf16 tie)."""
     prompts = _prompts(args)  # before the models: a wrong --n fails in seconds
     dtype = DTYPES[args.dtype]
+    if (slow := slow_bf16_warning(args.device, dtype)) is not None:
+        print(f"hf-specdec bench: warning: {slow}", file=sys.stderr)
     target, tokenizer = load_model(args.target, dtype=dtype)
     target = speculative(target.to(args.device))
     draft = None if args.draft is None else load_model(args.draft, dtype=dtype)[0].to(args.device)

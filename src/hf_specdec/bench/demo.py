@@ -7,6 +7,7 @@ and the run of median time is the one shown, with the range of all its runs.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from transformers import PreTrainedModel
 
 import hf_specdec
 from hf_specdec.api.entry import DEFAULT_NUM_ASSISTANT_TOKENS
+from hf_specdec.bench.hardware import slow_bf16_warning
 from hf_specdec.bench.prompts import chat_inputs
 from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
 from hf_specdec.generation.validation import eos_token_ids
@@ -177,6 +179,8 @@ def run_demo(
     target, tokenizer = load_model(target_name, dtype=dtype)
     draft, _ = load_model(draft_name, dtype=dtype)
     hf_specdec.speculative(target)
+    if (slow := slow_bf16_warning(str(target.device), dtype)) is not None:
+        print(f"warning: {slow}", file=sys.stderr, flush=True)
     inputs = chat_inputs(tokenizer, prompts)
     pad = tokenizer.pad_token_id
     greedy: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)

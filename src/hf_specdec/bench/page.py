@@ -101,7 +101,7 @@ def kept_results(results: dict[str, Any]) -> dict[str, Any]:
 
 def update(pages: list[Path], runs: dict[str, Path]) -> None:
     """Rewrite the blocks of `pages` named after each run from the run's folder, keeping the run's results in
-    `results/RUN.json` and its plots in `img/RUN-*.png` beside the first page."""
+    `results/RUN.json` and, where a block shows them, its plots in `img/RUN-*.png` beside the first page."""
     root = pages[0].parent
     texts = {path: path.read_text() for path in pages}
     for run, folder in runs.items():
@@ -118,7 +118,7 @@ def update(pages: list[Path], runs: dict[str, Path]) -> None:
             texts[path] = text
         (root / "results").mkdir(exist_ok=True)
         (root / "results" / f"{run}.json").write_text(json.dumps(results, indent=1) + "\n")
-        if plots:
+        if plots and any(":" not in name for name in names):  # a block that shows the plots (not a table alone)
             (root / "img").mkdir(exist_ok=True)
             for plot in PLOTS:
                 shutil.copyfile(folder / plot, root / "img" / f"{run}-{plot}")
