@@ -13,13 +13,18 @@ FAST_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @functools.cache
+def cpuinfo(field: str) -> str | None:
+    """The first CPU's `field` in Linux's /proc/cpuinfo (`"model name"`, `"flags"`); `None` where it cannot be read
+    (other systems) or has no such field."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as lines:
+        return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(field)), None)
+    return None
+
+
 def cpu_flags() -> frozenset[str] | None:
     """The CPU's feature flags as Linux lists them (`None` where /proc/cpuinfo cannot be read: other systems)."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    return None
+    flags = cpuinfo("flags")
+    return None if flags is None else frozenset(flags.split())
 
 
 def slow_bf16_warning(device: str, dtype: torch.dtype) -> str | None:

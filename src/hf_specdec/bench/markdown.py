@@ -3,7 +3,6 @@ one "Measured on" line that says what ran, where and with which command (`result
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import platform
@@ -40,11 +39,11 @@ def machine(device: str) -> str:
     its number of cores."""
     import torch
 
+    from hf_specdec.bench.hardware import cpuinfo
+
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"one {torch.cuda.get_device_name(torch.device(device))}"
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    model = cpuinfo("model name") or platform.processor() or platform.machine()
     capability = torch.backends.cpu.get_cpu_capability()
     return f"a {os.cpu_count()}-core CPU ({model}, {capability}, {torch.get_num_threads()} threads)"
 

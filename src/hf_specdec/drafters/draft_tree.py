@@ -36,7 +36,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree, lookup_alone
+from hf_specdec.drafters.tree_growth import LookupWhileWaiting, graft_lookup, grow_tree, lookup_alone
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, Proposal, chain_proposal, committed_tokens
 from hf_specdec.generation.processing import RaggedLogitsProcessor, score_nodes
@@ -66,7 +66,7 @@ def draft_tree_spec(tree: DynamicTree | int) -> DynamicTree:
     return tree
 
 
-class DraftTreeDrafter(DraftModelDrafter):
+class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
     """Grows a tree per row with a draft model (see the module's docstring).
 
     Args:
@@ -173,18 +173,6 @@ class DraftTreeDrafter(DraftModelDrafter):
         # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
         catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
         return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, catch_up=catch_up)
-
-    def propose_free(
-        self,
-        buffer: TokenBuffer,
-        last_token: torch.Tensor,
-        next_position: torch.Tensor,
-        costs: CostModel,
-        max_tokens: int,
-    ) -> Proposal | None:
-        """Prompt lookup's chain alone, for a step the speculation gate keeps plain (growing a tree does not pay
-        there; a lookup costs no draft forward): `None` without a lookup, or where it drafts nothing."""
-        return lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;

@@ -98,3 +98,22 @@ def lookup_alone(
         return None
     chain = lookup.draft_chain(buffer, next_position, costs, max_tokens)
     return chain_proposal(last_token, *chain) if chain.tokens.shape[1] else None
+
+
+class LookupWhileWaiting:
+    """`FreeProposals` for a tree drafter with an optional prompt lookup (`prompt_lookup`): on the steps the
+    speculation gate keeps plain (its trees do not pay there; a lookup costs no drafter forward), the lookup's chain
+    alone (`lookup_alone`)."""
+
+    prompt_lookup: PromptLookupDrafter | None
+
+    def propose_free(
+        self,
+        buffer: TokenBuffer,
+        last_token: torch.Tensor,
+        next_position: torch.Tensor,
+        costs: CostModel,
+        max_tokens: int,
+    ) -> Proposal | None:
+        """Prompt lookup's chain alone: `None` without a lookup, or where it drafts nothing."""
+        return lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree, lookup_alone
+from hf_specdec.drafters.tree_growth import LookupWhileWaiting, graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, DraftingContext, Proposal, committed_tokens
 from hf_specdec.generation.sequences import TokenBuffer
@@ -15,7 +15,7 @@ from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.static import DraftTree
 
 
-class MedusaDrafter:
+class MedusaDrafter(LookupWhileWaiting):
     """Proposes the heads' candidates as a tree per row, read off the base's last hidden state.
 
     Children are the heads' top-ranked tokens (or, grafted, prompt lookup's), chosen from the committed context
@@ -91,18 +91,6 @@ class MedusaDrafter:
             nodes, trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
         )
         return Proposal(nodes, trees, looked_up=looked_up)  # drafted: the trees' depths
-
-    def propose_free(
-        self,
-        buffer: TokenBuffer,
-        last_token: torch.Tensor,
-        next_position: torch.Tensor,
-        costs: CostModel,
-        max_tokens: int,
-    ) -> Proposal | None:
-        """Prompt lookup's chain alone, for a step the speculation gate keeps plain (the heads' trees do not pay
-        there; a lookup costs nothing to draft): `None` without a lookup, or where it drafts nothing."""
-        return lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the base's state at the last accepted node (the heads read it next), and let prompt lookup learn

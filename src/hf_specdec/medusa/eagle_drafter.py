@@ -24,7 +24,7 @@ from torch import nn
 
 from hf_specdec.drafters.draft_tree import FrontierAncestry
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.drafters.tree_growth import graft_lookup, grow_tree, lookup_alone
+from hf_specdec.drafters.tree_growth import LookupWhileWaiting, graft_lookup, grow_tree
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, DraftingContext, Proposal, append_pending, committed_tokens
 from hf_specdec.generation.kv_cache import CachedSequence
@@ -55,7 +55,7 @@ class FeatureHead(Protocol):
     def to_token_ids(self, indices: torch.Tensor) -> torch.Tensor: ...
 
 
-class EagleDrafter:
+class EagleDrafter(LookupWhileWaiting):
     """Grows a tree per row with EAGLE heads (see the module's docstring).
 
     Args:
@@ -197,10 +197,9 @@ class EagleDrafter:
         costs: CostModel,
         max_tokens: int,
     ) -> Proposal | None:
-        """Prompt lookup's chain alone, for a step the speculation gate keeps plain (the head's trees do not pay
-        there; a lookup costs no head forward): `None` without a lookup, or where it drafts nothing. The head feeds
-        nothing this step: the accepted path joins its pending entries (`commit`)."""
-        proposal = lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
+        """Prompt lookup's chain alone (`LookupWhileWaiting`). The head feeds nothing this step: the accepted path
+        joins its pending entries (`commit`)."""
+        proposal = super().propose_free(buffer, last_token, next_position, costs, max_tokens)
         self._grown = proposal is None
         return proposal
 
