@@ -216,11 +216,14 @@ def test_draft_tree_methods_by_size_run_and_keep_identity() -> None:
     assert method_by_name("specdec-tree8").kwargs["tree"] == 8  # as a user writes it: generate(..., tree=8)
     vocab = method_by_name("specdec-tree16-vocab")
     assert vocab.needs_draft_vocab and vocab.kwargs["tree"] == 16
-    for bad in ("specdec-tree0", "specdec-tree8-k", "specdec-treex"):
+    grafted = method_by_name("specdec-tree8-d4-vocab-lookup")
+    assert grafted.needs_draft_vocab and grafted.kwargs["prompt_lookup_num_tokens"] == 10
+    assert "prompt_lookup_num_tokens" not in vocab.kwargs
+    for bad in ("specdec-tree0", "specdec-tree8-k", "specdec-treex", "specdec-tree8-lookup-vocab"):
         with pytest.raises(ValueError, match="Unknown method"):
             method_by_name(bad)
     target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
-    names = ["plain", "specdec-tree6", "specdec-tree6-d3-k3"]
+    names = ["plain", "specdec-tree6", "specdec-tree6-d3-k3", "specdec-tree6-lookup"]
     result = run_benchmark(
         target, _tokenizer(), PROMPTS, [method_by_name(n) for n in names], draft=draft, max_new_tokens=10
     )

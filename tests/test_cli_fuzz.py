@@ -36,6 +36,7 @@ ROOT = os.geteuid() == 0  # root writes anywhere: read-only folders are left out
 INTS = (["1", "3"], ["0", "-2", "ten", "1.5", "", "99999999999999999999"])
 FLOATS = (["0", "0.5", "1"], ["-1", "nan", "inf", "abc", "97", ""])
 DTYPES = (["bfloat16", "float32"], ["int4"])
+MODEL_DTYPES = (["auto", "bfloat16", "float32"], ["int4", "Auto"])  # of the commands that run models
 JUNK = ["--frobnicate", "extra", "-x", "--n", "--out"]
 RECORDS = [
     {"id": f"c{i}", "conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "ok"}]}
@@ -89,7 +90,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
 
 
 def _replace_heavy_work(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    def run_demo(target: str, draft: str, prompt_list: list[str], max_new_tokens: int, *args) -> bool:
+    def run_demo(target: str, draft: str, prompt_list: list[str], max_new_tokens: int, *args, **kwargs) -> bool:
         assert max_new_tokens >= 1 and all(p.strip() for p in prompt_list)
         world.calls.append("demo")
         return True
@@ -135,7 +136,9 @@ def _specs(world: World) -> dict[str, dict]:
             "--prompt": (["hello"], ["", " "]),
             "--max-new-tokens": INTS,
             "--num-assistant-tokens": INTS,
-            "--dtype": DTYPES,
+            "--dtype": MODEL_DTYPES,
+            "--pack-linears": None,
+            "--no-pack-linears": None,
         },
         "bench": {
             "--target": models,

@@ -5,11 +5,14 @@ to a from-scratch computation, training that makes them right, checkpoints, erro
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
 
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.generation.decisions import SpeculationGate
 from hf_specdec.medusa.eagle3 import Eagle3Heads, default_feature_layers
 from hf_specdec.medusa.eagle_drafter import EagleDrafter
 from tests.eagle_reference import eagle3_step, rms
@@ -178,23 +181,69 @@ def _record_proposals(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     return records
 
 
-def test_every_node_gets_the_candidates_of_its_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def _waiting_for_lookup(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The gate keeps two steps of every three plain, in which prompt lookup proposes alone (no lookup grafted on
+    the heads' trees, so that every node of theirs is the heads' own); returns, per proposal of the heads, whether
+    a lookup step that drafted came just before it."""
+    steps, after_lookup, looked_up = itertools.count(), [], [False]
+
+    def speculate(self: SpeculationGate, rows: int) -> bool:
+        self.measuring = False
+        return next(steps) % 3 == 2
+
+    propose_free, propose = EagleDrafter.propose_free, EagleDrafter.propose
+
+    def free(self, *args, **kwargs):
+        proposal = propose_free(self, *args, **kwargs)
+        looked_up[0] = looked_up[0] or proposal is not None
+        return proposal
+
+    def grown(self, *args, **kwargs):
+        after_lookup.append(looked_up[0])
+        looked_up[0] = False
+        return propose(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculationGate, "speculate", speculate)
+    monkeypatch.setattr(PromptLookupDrafter, "graft", lambda self, nodes, trees, *args: (nodes, trees, False))
+    monkeypatch.setattr(EagleDrafter, "propose_free", free)
+    monkeypatch.setattr(EagleDrafter, "propose", grown)
+    return after_lookup
+
+
+@pytest.mark.parametrize("between", ["nothing", "lookup steps"])
+def test_every_node_gets_the_candidates_of_its_own_path(between: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Brute force: each node's children are the head's top candidates after its path, computed from scratch by
-    unrolling the head over the row's committed tokens and the path (the base's fused states on them)."""
+    unrolling the head over the row's committed tokens and the path (the base's fused states on them). With
+    lookup steps between the heads' trees (taken while the gate waits), the heads must have queued the features
+    of every token those steps committed."""
     model = _eagle3("qwen2", num_layers=6)
     with torch.no_grad():  # sharp attention: a position or a key off by one changes the candidates
         for name, parameter in model.heads.decoder.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 parameter.mul_(12.0)
+    after_lookup = _waiting_for_lookup(monkeypatch) if between == "lookup steps" else None
     records = _record_proposals(monkeypatch)
     ids, mask = ragged_batch(3, seed=7)
     tree = DynamicTree(num_nodes=8, depth=3, top_k=3)
-    out = _generate(model, ids, mask, medusa=True, tree=tree, return_dict_in_generate=True, speculative_costs=FREE)
+    lookup = {"prompt_lookup_num_tokens": 4} if after_lookup is not None else {}
+    out = _generate(
+        model, ids, mask, medusa=True, tree=tree, return_dict_in_generate=True, speculative_costs=FREE, **lookup
+    )
     assert torch.equal(out.sequences, _generate(model.base, ids, mask))
+    if after_lookup is None:
+        checked = records[:6]
+    else:
+        assert len(after_lookup) == len(records)
+        checked = [record for record, follows in zip(records, after_lookup, strict=True) if follows]
+        assert len(checked) >= 2, "too few trees grown after lookup steps"
+    assert _candidates_checked(model, checked, mask) > 10
+
+
+def _candidates_checked(model: MedusaForCausalLM, records: list[dict], mask: torch.Tensor) -> int:
     heads, base = model.heads, model.base
     embeddings, padding = base.get_input_embeddings(), (mask == 0).sum(dim=1)
     checked = 0
-    for record in records[:6]:
+    for record in records:
         for i, row in enumerate(record["rows"].tolist()):
             committed = record["committed"][i][int(padding[row]) :]
             nodes, parents = record["nodes"][i], record["trees"].parents[i]
@@ -215,7 +264,7 @@ def test_every_node_gets_the_candidates_of_its_own_path(monkeypatch: pytest.Monk
                 top = heads.to_token_ids(logits.topk(3).indices)
                 assert bool(torch.isin(children, top).all()), (node, children, top)
                 checked += 1
-    assert checked > 10
+    return checked
 
 
 def test_a_draft_vocabulary_maps_back_to_the_base_ids() -> None:

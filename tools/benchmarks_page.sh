@@ -26,7 +26,7 @@ if [[ ! -d "$heads" ]]; then
     exit 2
 fi
 common=(--target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --medusa "$heads"
-    --prompts mt-bench,humaneval,gsm8k --n 12 --max-new-tokens 96)
+    --prompts mt-bench,humaneval,gsm8k --n 12 --max-new-tokens 96 --dtype bfloat16)
 methods=specdec,specdec-tree16,lookup,specdec-lookup,specdec-int8-lookup,medusa-8,medusa-16-lookup
 # --cost-curve: the verification cost curve docs/simulator.md calibrates against, timed in the same run.
 hf-specdec bench "${common[@]}" --batch-size 1 --methods "plain,hf-assistant,$methods" --cost-curve --out "$out/qwen_b1"

@@ -2,6 +2,7 @@
 
 from hf_specdec.api.entry import speculative_generate
 from hf_specdec.api.mixin import SpeculativeGenerationMixin, speculative
+from hf_specdec.cpu_linears import pack_linears, unpack_linears
 from hf_specdec.drafters.decoding import speculative_decode
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.lookup import PromptLookupDrafter
@@ -37,6 +38,7 @@ __all__ = [
     "SpeculativeStats",
     "build_tree",
     "greedy_accept",
+    "pack_linears",
     "point_draft_sampling",
     "preset_tree",
     "residual_distribution",
@@ -44,6 +46,7 @@ __all__ = [
     "speculative_decode",
     "speculative_generate",
     "speculative_sampling",
+    "unpack_linears",
 ]
 
 __version__ = "0.1.0"

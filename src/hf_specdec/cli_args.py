@@ -14,6 +14,7 @@ from typing import NoReturn
 import torch
 
 from hf_specdec.extras import MissingExtraError, require
+from hf_specdec.machine import fast_dtype
 from hf_specdec.zoo import ZOO, cache_dir
 
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -31,6 +32,12 @@ USER_ERRORS: tuple[type[Exception], ...] = (
 ZOO_NAMES = ", ".join(ZOO)
 MODEL_HELP = f"zoo name ({ZOO_NAMES}), local folder or Hub id (org/name)"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+#: The `--dtype` choices of the commands that run models: `DTYPES`' names, and `auto` (`model_dtype`).
+MODEL_DTYPES = ["auto", *sorted(DTYPES)]
+MODEL_DTYPE_HELP = (
+    "dtype of the models; auto: bfloat16 on a GPU that computes it and on a CPU with AVX512-BF16 or AMX, float32 on "
+    "other CPUs (where bf16 runs several times slower)"
+)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
@@ -60,6 +67,12 @@ def one_line(text: object) -> str:
 
 
 # Argument types ----------------------------------------------------------------------------------------------
+
+
+def model_dtype(name: str, device: str) -> torch.dtype:
+    """The dtype `--dtype name` runs models in on `device`: `DTYPES[name]`, or for `auto` the fastest there
+    (`hf_specdec.machine.fast_dtype`)."""
+    return fast_dtype(device) if name == "auto" else DTYPES[name]
 
 
 def positive_int(text: str) -> int:

@@ -16,30 +16,32 @@ import transformers
 import hf_specdec
 from hf_specdec.api.mixin import speculative
 from hf_specdec.bench.cost_curve import verify_cost_curve
-from hf_specdec.bench.hardware import slow_bf16_warning
 from hf_specdec.bench.markdown import command_line, machine
 from hf_specdec.bench.methods import METHODS, NAMED_HEADS, PATTERNS, Method, heads_name, method_by_name, names_heads
 from hf_specdec.bench.prompts import CATEGORIES, Prompt, load_prompts
 from hf_specdec.bench.report import BenchmarkResult, format_table, write_outputs
 from hf_specdec.bench.runner import run_benchmark
 from hf_specdec.cli_args import (
+    MODEL_DTYPE_HELP,
+    MODEL_DTYPES,
     MODEL_HELP,
     HelpFormatter,
     device,
     heads_source,
+    model_dtype,
     model_source,
     output_folder,
     positive_int,
     random_seed,
     require_zoo_converter,
 )
+from hf_specdec.cpu_linears import pack_linears
 from hf_specdec.extras import require
+from hf_specdec.machine import slow_bf16_warning
 from hf_specdec.zoo import load_model
 
 if TYPE_CHECKING:
     from hf_specdec.medusa import MedusaForCausalLM
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -82,13 +84,19 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         f"numbers >= 1, see below): {', '.join(PATTERNS)}",
     )
     bench.add_argument("--do-sample", action="store_true", help="sample instead of greedy (no identity check)")
-    bench.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the models")
+    bench.add_argument("--dtype", choices=MODEL_DTYPES, default="auto", help=MODEL_DTYPE_HELP)
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     bench.add_argument(
         "--device",
         type=device,
         default=default_device,
         help="cpu, cuda, cuda:N or mps (default: cuda where torch sees one, else cpu; here %(default)s)",
+    )
+    bench.add_argument(
+        "--pack-linears",
+        action="store_true",
+        help="run every model's float32 linear layers through oneDNN over packed weights (hf_specdec.pack_linears; "
+        "CPU only), plain decoding's included",
     )
     bench.add_argument("--cost-curve", action="store_true", help="also time target forwards over 1..64 tokens")
     bench.add_argument(
@@ -212,7 +220,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run `hf-specdec bench` on checked arguments; returns the exit status (1 if an output diverged beyond a
     bf16 tie)."""
     prompts = _prompts(args)  # before the models: a wrong --n fails in seconds
-    dtype = DTYPES[args.dtype]
+    dtype = model_dtype(args.dtype, args.device)
     if (slow := slow_bf16_warning(args.device, dtype)) is not None:
         print(f"hf-specdec bench: warning: {slow}", file=sys.stderr)
     target, tokenizer = load_model(args.target, dtype=dtype)
@@ -227,6 +235,10 @@ def run_bench(args: argparse.Namespace) -> int:
             medusa = MedusaForCausalLM.from_pretrained(source, base_model=target)
         for name, path in named_heads(args).items():
             heads[name] = MedusaForCausalLM.from_pretrained(path, base_model=target)
+    if args.pack_linears:
+        for model in (target, draft, medusa, *heads.values()):
+            if model is not None:
+                pack_linears(model)
     draft_vocab = None
     if any(method.needs_draft_vocab for method in args.resolved_methods):
         from hf_specdec.bench.vocabulary import sharegpt_draft_vocabulary
@@ -254,7 +266,7 @@ def run_bench(args: argparse.Namespace) -> int:
         heads=named_heads(args),
         prompts=",".join(args.prompts),
         n=args.n,
-        dtype=args.dtype,
+        dtype=str(dtype).removeprefix("torch."),
         device=args.device,
         machine=machine(args.device),
         torch=torch.__version__,

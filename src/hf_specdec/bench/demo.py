@@ -17,10 +17,10 @@ from transformers import PreTrainedModel
 
 import hf_specdec
 from hf_specdec.api.entry import DEFAULT_NUM_ASSISTANT_TOKENS
-from hf_specdec.bench.hardware import slow_bf16_warning
 from hf_specdec.bench.prompts import chat_inputs
 from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
 from hf_specdec.generation.validation import eos_token_ids
+from hf_specdec.machine import slow_bf16_warning
 from hf_specdec.zoo import load_model
 
 # One prompt: batch size 1, the latency case. Pass several --prompt for a batch.
@@ -151,15 +151,21 @@ def time_paths(
 
 
 def settings_line(
-    batch_size: int, dtype: torch.dtype, device: torch.device, max_new_tokens: int, num_assistant_tokens: int | None
+    batch_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_new_tokens: int,
+    num_assistant_tokens: int | None,
+    pack_linears: bool = False,
 ) -> str:
     drafts = num_assistant_tokens if num_assistant_tokens is not None else DEFAULT_NUM_ASSISTANT_TOKENS
     where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
     threads = torch.get_num_threads()
+    linears = "through oneDNN over packed weights" if pack_linears else "as torch runs them"
     return (
         f"settings: greedy (do_sample=False), batch size {batch_size}, {str(dtype).removeprefix('torch.')}, "
         f"device {where}, {threads} torch thread{'s' if threads > 1 else ''}, up to {max_new_tokens} new tokens, "
-        f"drafts of up to {drafts} tokens per step (adaptive)"
+        f"drafts of up to {drafts} tokens per step (adaptive), linear layers {linears}"
     )
 
 
@@ -171,14 +177,19 @@ def run_demo(
     dtype: torch.dtype,
     num_assistant_tokens: int | None,
     repeats: int = REPEATS,
+    pack_linears: bool = False,
 ) -> bool:
     """Print the prompts, the settings, both generations with their speed and the speculative steps (after a
     warm-up of both models, each path timed `repeats` times); returns whether every speculative run's tokens were
-    identical to plain `generate()`'s."""
+    identical to plain `generate()`'s. `pack_linears`: both models' linear layers through oneDNN
+    (`hf_specdec.pack_linears`), for plain and speculative decoding alike."""
     print(f"loading target {target_name} and draft {draft_name} ({dtype}) ...", flush=True)
     target, tokenizer = load_model(target_name, dtype=dtype)
     draft, _ = load_model(draft_name, dtype=dtype)
     hf_specdec.speculative(target)
+    if pack_linears:
+        hf_specdec.pack_linears(target)
+        hf_specdec.pack_linears(draft)
     if (slow := slow_bf16_warning(str(target.device), dtype)) is not None:
         print(f"warning: {slow}", file=sys.stderr, flush=True)
     inputs = chat_inputs(tokenizer, prompts)
@@ -191,7 +202,7 @@ def run_demo(
 
     for i, prompt in enumerate(prompts):
         print(f"prompt{f' {i + 1}' if len(prompts) > 1 else ''}: {prompt}")
-    print(settings_line(len(prompts), dtype, target.device, max_new_tokens, num_assistant_tokens))
+    print(settings_line(len(prompts), dtype, target.device, max_new_tokens, num_assistant_tokens, pack_linears))
     runs = f"{repeats} runs of each path in turn; the median is shown" if repeats > 1 else "one run of each path"
     print(f"timing: an untimed warm-up of both models on every path, then {runs}")
     print(

@@ -39,7 +39,7 @@ def machine(device: str) -> str:
     its number of cores."""
     import torch
 
-    from hf_specdec.bench.hardware import cpuinfo
+    from hf_specdec.machine import cpuinfo
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"one {torch.cuda.get_device_name(torch.device(device))}"

@@ -108,6 +108,7 @@ PATTERNS: dict[str, str] = {
     "specdec-treeN": "a draft model's tree of N nodes, in the default shape",
     "specdec-treeN-dD-kK": "a draft model's tree of N nodes, D deep, K children per node (either part may go)",
     "specdec-treeN-vocab": "a draft model's tree over the benchmark's draft vocabulary (-dD-kK before -vocab too)",
+    "specdec-treeN-lookup": "a draft model's tree with prompt lookup's continuation grafted on (-dD-kK, -vocab before)",
     "early-exit-N": "self-speculation: drafts from the target's first N layers",
     "early-exit-N-lookup": "the same, with prompt lookup beside it",
     "hf-early-exit-N": "transformers' own self-speculation from the target's first N layers",
@@ -131,11 +132,12 @@ def method_names() -> list[str]:
 _MEDUSA_TREE = re.compile(r"([a-z][a-z0-9_]*)-(dyn)?([1-9][0-9]*)(-lookup)?")
 _HEADS_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Draft-model trees by size: `specdec-treeN` (N nodes, the default shape), `specdec-treeN-dD-kK` (depth D, top_k K),
-# with `-vocab` over the benchmark's draft vocabulary (as `specdec-vocab`).
+# with `-vocab` over the benchmark's draft vocabulary (as `specdec-vocab`), with `-lookup` prompt lookup's continuation
+# (up to 10 tokens) grafted on.
 # Self-speculation from the target's first N layers: `early-exit-N` (this library), `hf-early-exit-N` (transformers'
 # own), with `-lookup` (prompt lookup beside it, this library only).
 _EARLY_EXIT = re.compile(r"(hf-)?early-exit-([1-9][0-9]*)(-lookup)?")
-_DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?(-vocab)?")
+_DRAFT_TREE = re.compile(r"specdec-tree([1-9][0-9]*)(?:-d([1-9][0-9]*))?(?:-k([1-9][0-9]*))?(-vocab)?(-lookup)?")
 
 
 def heads_name(text: str) -> str:
@@ -168,8 +170,8 @@ def names_heads(name: str) -> bool:
 def method_by_name(name: str, heads: Collection[str] = ()) -> Method:
     """The method called `name`: one of `METHODS`, or one of `PATTERNS` with its numbers, such as a Medusa tree size
     (`medusa-8`, `medusa-5-lookup`, `medusa-dyn12`), a draft model's tree (`specdec-tree8`, `specdec-tree10-d5-k2`,
-    `specdec-tree16-vocab`) or self-speculation (`early-exit-4`, `hf-early-exit-4`); with `heads` (names of heads,
-    see `heads_name`), a tree of the heads of one of them (`eagle3-8`, `eagle3-16-lookup`)."""
+    `specdec-tree16-vocab`, `specdec-tree16-lookup`) or self-speculation (`early-exit-4`, `hf-early-exit-4`); with
+    `heads` (names of heads, see `heads_name`), a tree of the heads of one of them (`eagle3-8`, `eagle3-16-lookup`)."""
     if name in METHODS:
         return METHODS[name]
     early_exit = _EARLY_EXIT.fullmatch(name)
@@ -179,13 +181,14 @@ def method_by_name(name: str, heads: Collection[str] = ()) -> Method:
         return Method(name, "hf-early-exit" if theirs else "early-exit", kwargs)
     tree = _DRAFT_TREE.fullmatch(name)
     if tree is not None:
-        size, depth, top_k, vocab = tree.groups()
+        size, depth, top_k, vocab, lookup = tree.groups()
         spec: DynamicTree | int = int(size)  # generate() grows the default shape of that many nodes
         if depth is not None or top_k is not None:
             spec = DynamicTree(
                 num_nodes=int(size), depth=int(depth or DEFAULT_DEPTH), top_k=int(top_k or DEFAULT_TOP_K)
             )
         kwargs = {"assistant": "{draft}", "tree": spec} | ({"assistant_vocab": "{draft_vocab}"} if vocab else {})
+        kwargs |= {"prompt_lookup_num_tokens": 10} if lookup else {}
         return Method(name, "specdec", kwargs)
     match = _MEDUSA_TREE.fullmatch(name)
     named = f" (heads named: {', '.join(heads)})" if heads else ""

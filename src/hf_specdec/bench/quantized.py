@@ -15,6 +15,8 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 
+from hf_specdec.cpu_linears import unpack_linears
+
 
 def int8_draft(draft: PreTrainedModel) -> PreTrainedModel:
     """A copy of `draft` (on the CPU) whose linear layers, its lm_head included, hold int8 weights:
@@ -25,6 +27,7 @@ def int8_draft(draft: PreTrainedModel) -> PreTrainedModel:
             "Drop the specdec-int8 methods, or benchmark on the CPU (--device cpu)."
         )
     float_copy = copy.deepcopy(draft).float().eval()
+    unpack_linears(float_copy)  # quantize_dynamic converts nn.Linear layers only
     with warnings.catch_warnings():
         # torch.ao's quantised tensors are deprecated in favour of torchao, whose int8 layers run 2-5x slower than
         # these on this CPU without torch.compile (torchao 0.18, torch 2.13).

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from hf_specdec.cli_args import (
+    DTYPES,
     MODEL_HELP,
     HelpFormatter,
     heads_source,
@@ -28,8 +27,6 @@ from hf_specdec.serving.export import (
     engine_base_name,
     export_pretrained,
 )
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def add_export_parser(subparsers: argparse._SubParsersAction) -> None:

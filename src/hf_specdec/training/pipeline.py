@@ -22,6 +22,7 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
+from hf_specdec.cli_args import DTYPES, MODEL_DTYPES, model_dtype
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
@@ -52,7 +53,6 @@ _HEAD_SHAPE = (
 )
 _CONFIG_NAME = {"head_intermediate_size": "intermediate_size"}  # what MedusaConfig calls it
 METRICS_NAME = "eval_metrics.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -206,7 +206,14 @@ class MedusaTrainingConfig:
         metadata={"help": "EAGLE heads: weight of the regression of their predicted features on the base's."},
     )
     tree_nodes: int = field(default=16, metadata={"help": "Node budget of the tree built from measured accuracies."})
-    dtype: str = field(default="float32", metadata={"help": f"Base weights' dtype: {sorted(DTYPES)}."})
+    dtype: str = field(
+        default="float32",
+        metadata={
+            "help": f"Base weights' dtype: {MODEL_DTYPES}; auto: bfloat16 on a GPU that computes it and on a CPU "
+            "with AVX512-BF16 or AMX, float32 on other CPUs (where bf16 runs several times slower). The run records "
+            "the one it used."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={
@@ -227,8 +234,11 @@ class MedusaTrainingConfig:
             if self.lora:
                 raise ValueError("--export_to writes the heads alone, but with --lora the base trains too: drop one.")
             check_exportable(self, engine)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}.")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {MODEL_DTYPES}, got {self.dtype!r}.")
+        if self.dtype == "auto":  # the run records the dtype it used
+            chosen = model_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")
+            self.dtype = str(chosen).removeprefix("torch.")
         if self.relabel_with_base and self.self_distill:
             raise ValueError("--relabel_with_base and --self_distill both label with the base's own tokens: pass one.")
         if self.relabel_with_base and self.lora:

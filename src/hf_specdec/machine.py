@@ -1,5 +1,7 @@
-"""What the CPU can do fast: bf16 matrix products need AVX512-BF16 or AMX; on a CPU with AVX2 alone torch computes
-them several times slower than float32 ones, so timings there should be taken in float32."""
+"""What the machine can run fast: bf16 matrix products need a GPU, or a CPU with AVX512-BF16 or AMX; on a CPU with
+AVX2 alone torch computes them several times slower than float32 ones (a 1000x1536 by 1536x1536 product: 0.8
+against 177 GFLOP/s on a 2-core AMD EPYC), so models run there in float32, and timings there are taken in float32.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +29,19 @@ def cpu_flags() -> frozenset[str] | None:
     return None if flags is None else frozenset(flags.split())
 
 
+def fast_dtype(device: str) -> torch.dtype:
+    """The dtype models decode fastest in on `device` ("cpu", "cuda", "cuda:1", "mps") without float16's narrow
+    range: bfloat16 on a CUDA GPU that computes it (float16 on one that does not) and on a CPU with AVX512-BF16 or
+    AMX; float32 on other CPUs (AVX2 alone, or flags that cannot be read) and other devices."""
+    if device.startswith("cuda"):
+        major, _ = torch.cuda.get_device_capability(torch.device(device))
+        return torch.bfloat16 if major >= 8 else torch.float16  # bf16 in hardware from Ampere on
+    flags = cpu_flags()
+    if device.startswith("cpu") and flags is not None and flags & FAST_BF16_FLAGS:
+        return torch.bfloat16
+    return torch.float32
+
+
 def slow_bf16_warning(device: str, dtype: torch.dtype) -> str | None:
     """A warning for bf16 models on a CPU that has none of `FAST_BF16_FLAGS` (`None` elsewhere, and where the flags
     cannot be read)."""
@@ -35,5 +50,6 @@ def slow_bf16_warning(device: str, dtype: torch.dtype) -> str | None:
         return None
     return (
         "This CPU has no AVX512-BF16 or AMX instructions: bfloat16 models run several times slower here than in "
-        "float32, and timings in bfloat16 do not compare with those of CPUs that have them. Pass --dtype float32."
+        "float32, and timings in bfloat16 do not compare with those of CPUs that have them. Pass --dtype float32 "
+        "(or --dtype auto, which picks it here)."
     )
