@@ -111,3 +111,9 @@ def test_the_demo_packs_by_default_in_float32_and_the_benchmark_when_asked() -> 
     assert parser.parse_args(["demo", "--no-pack-linears"]).pack_linears is False
     assert parser.parse_args(["bench"]).pack_linears is False
     assert parser.parse_args(["bench", "--pack-linears"]).pack_linears is True
+
+
+def test_a_torch_without_onednn_is_refused_with_what_to_do(monkeypatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="install torch's own CPU build"):
+        pack_linears(tiny_model("llama", seed=0))

@@ -677,6 +677,7 @@ DOCUMENTED = [
         lambda: _training("share_lm_head") is None and _share_lm_head_by_default(),
     ),
     Documented("training.md", r"\| `--tree_nodes` \| node budget \((\d+)\)", lambda: _training("tree_nodes")),
+    Documented("training.md", r"\| `--dtype` \| the base's dtype \(`(\w+)` by default\)", lambda: _training("dtype")),
     Documented(
         "training.md",
         r"default keeps the first exchange",

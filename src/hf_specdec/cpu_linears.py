@@ -66,13 +66,15 @@ def pack_linears(model: nn.Module, packed: bool = True) -> int:
         `int`: how many layers now run through oneDNN (layers of other dtypes or types are left as they are).
 
     Raises:
-        `RuntimeError`: torch was built without oneDNN (`torch.backends.mkldnn.is_available()` is `False`).
+        `RuntimeError`: torch was built without oneDNN or its linear operators.
         `ValueError`: the model has no float32 `nn.Linear` on the CPU (load it with `dtype=torch.float32`).
     """
-    if not torch.backends.mkldnn.is_available():
+    operators = ("_linear_pointwise", "_reorder_linear_weight")
+    if not torch.backends.mkldnn.is_available() or not all(hasattr(torch.ops.mkldnn, op) for op in operators):
         raise RuntimeError(
-            "pack_linears needs torch built with oneDNN (torch.backends.mkldnn.is_available() is False here): "
-            "install torch's own CPU build (https://pytorch.org/get-started/locally/) or leave the layers as they are."
+            f"pack_linears needs torch built with oneDNN and its operators {', '.join(operators)} (torch "
+            f"{torch.__version__} here has not both): install torch's own CPU build "
+            "(https://pytorch.org/get-started/locally/) or leave the layers as they are."
         )
     layers = [m for m in model.modules() if type(m) in (nn.Linear, PackedLinear)]
     usable = [m for m in layers if m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
