@@ -22,7 +22,7 @@ def _results(name: str) -> dict:
 
 
 def test_every_results_block_is_what_its_run_renders() -> None:
-    on_page = {"batch1", "batch4", "fp32-b1-packed:table", "fp32-b8:table", "fp32-b4:table"}
+    on_page = {"batch1", "batch4", "fp32-b1-packed:table", "fp32-b4-packed:table", "fp32-b8:table", "fp32-b4:table"}
     for path, expected in ((PAGE, on_page), (README, {"batch1:table"})):
         blocks = page.blocks(path.read_text())
         assert set(blocks) == expected, path
@@ -34,7 +34,7 @@ def test_every_results_block_is_what_its_run_renders() -> None:
 
 def test_the_page_is_short_and_shows_only_images_that_exist() -> None:
     text = PAGE.read_text()
-    assert len(text.splitlines()) <= 260
+    assert len(text.splitlines()) <= 280
     shown = set(re.findall(r"\]\((img/[^)]+)\)", text))
     assert shown and all((DOCS / image).is_file() for image in shown)
     pages = [p.read_text() for p in DOCS.glob("*.md")] + [(DOCS.parent / "README.md").read_text()]

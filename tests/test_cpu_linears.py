@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_specdec import pack_linears, unpack_linears
+from hf_specdec import cpu_linears, pack_linears, unpack_linears
 from hf_specdec.bench.quantized import int8_draft
 from hf_specdec.cli import build_parser
 from hf_specdec.cpu_linears import PackedLinear
@@ -114,6 +114,41 @@ def test_the_demo_packs_by_default_in_float32_and_the_benchmark_when_asked() -> 
 
 
 def test_a_torch_without_onednn_is_refused_with_what_to_do(monkeypatch) -> None:
-    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match="install torch's own CPU build"):
+    assert cpu_linears.can_pack_linears()  # this torch runs the operators
+    monkeypatch.setattr(cpu_linears, "_operators_work", lambda: False)
+    with pytest.raises(RuntimeError, match="leave the layers as they are"):
         pack_linears(tiny_model("llama", seed=0))
+    assert not cpu_linears.packs_by_default()
+
+
+def test_forwards_onednn_cannot_run_take_torchs_own_path() -> None:
+    layer = nn.Linear(8, 4)
+    pack_linears(layer)
+    layer.weight.requires_grad_(False)  # a bias that trains alone still gets its gradient
+    layer(torch.randn(3, 8)).sum().backward()
+    assert layer.bias.grad is not None and layer.bias.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert layer(torch.randn(0, 8)).shape == (0, 4)  # no rows
+        expected = nn.functional.linear(torch.ones(2, 8), layer.weight, layer.bias)
+        layer.to(torch.bfloat16)  # moved: the packed copy is dropped, bf16 runs torch's own path
+        assert layer._pack is None
+        assert torch.allclose(layer(torch.ones(2, 8, dtype=torch.bfloat16)).float(), expected, atol=0.1)
+
+
+def test_weights_made_in_inference_mode_are_packed_once() -> None:
+    with torch.inference_mode():
+        layer = nn.Linear(8, 4)
+        pack_linears(layer)
+        rows = torch.randn(3, 8)
+        assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-5)
+        first = layer._pack
+        layer(rows)
+        assert layer._pack is first
+
+
+def test_the_commands_refuse_packing_where_it_cannot_run(capsys) -> None:
+    from tests.test_cli_errors import assert_refused
+
+    assert_refused(["demo", "--pack-linears", "--dtype", "bfloat16"], capsys, "--dtype float32")
+    assert_refused(["bench", "--pack-linears", "--dtype", "bfloat16"], capsys, "--dtype float32")
+    assert_refused(["bench", "--pack-linears", "--dtype", "float32", "--compile"], capsys, "drop --compile")

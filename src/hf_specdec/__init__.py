@@ -2,7 +2,7 @@
 
 from hf_specdec.api.entry import speculative_generate
 from hf_specdec.api.mixin import SpeculativeGenerationMixin, speculative
-from hf_specdec.cpu_linears import pack_linears, unpack_linears
+from hf_specdec.cpu_linears import can_pack_linears, pack_linears, unpack_linears
 from hf_specdec.drafters.decoding import speculative_decode
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.lookup import PromptLookupDrafter
@@ -37,6 +37,7 @@ __all__ = [
     "SpeculativeGenerationMixin",
     "SpeculativeStats",
     "build_tree",
+    "can_pack_linears",
     "greedy_accept",
     "pack_linears",
     "point_draft_sampling",

@@ -28,6 +28,7 @@ from hf_specdec.cli_args import (
     USER_ERRORS,
     ArgumentParser,
     HelpFormatter,
+    check_pack_linears,
     model_dtype,
     model_source,
     non_empty,
@@ -39,6 +40,7 @@ from hf_specdec.cli_args import (
     share,
 )
 from hf_specdec.code_corpus import MIN_CHUNK_CHARS, code_records, python_roots
+from hf_specdec.cpu_linears import packs_by_default
 from hf_specdec.serving import cli as serving
 from hf_specdec.simulator import cli as simulator
 from hf_specdec.topics import TOPICS, select_conversations
@@ -68,12 +70,15 @@ def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
         "--pack-linears",
         action=argparse.BooleanOptionalAction,
         help="run both models' linear layers through oneDNN over packed weights (hf_specdec.pack_linears; faster "
-        "plain and speculative decoding on a CPU, about twice the memory for those layers); default: in float32",
+        "plain and speculative decoding on a CPU, about twice the memory for those layers); default: in float32 on "
+        "an x86 CPU",
     )
 
 
 def _check_demo(args: argparse.Namespace) -> None:
     require_zoo_converter(args.target, args.draft)
+    if args.pack_linears:
+        check_pack_linears(model_dtype(args.dtype, "cpu"), "cpu")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -81,7 +86,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     prompts = args.prompt or demo.DEFAULT_PROMPTS
     dtype = model_dtype(args.dtype, "cpu")  # the demo runs on the CPU
-    pack = args.pack_linears if args.pack_linears is not None else dtype == torch.float32
+    pack = args.pack_linears if args.pack_linears is not None else dtype == torch.float32 and packs_by_default()
     identical = demo.run_demo(
         args.target, args.draft, prompts, args.max_new_tokens, dtype, args.num_assistant_tokens, pack_linears=pack
     )

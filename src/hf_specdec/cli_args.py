@@ -13,6 +13,7 @@ from typing import NoReturn
 
 import torch
 
+from hf_specdec.cpu_linears import can_pack_linears
 from hf_specdec.extras import MissingExtraError, require
 from hf_specdec.machine import fast_dtype
 from hf_specdec.zoo import ZOO, cache_dir
@@ -73,6 +74,23 @@ def model_dtype(name: str, device: str) -> torch.dtype:
     """The dtype `--dtype name` runs models in on `device`: `DTYPES[name]`, or for `auto` the fastest there
     (`hf_specdec.machine.fast_dtype`)."""
     return fast_dtype(device) if name == "auto" else DTYPES[name]
+
+
+def check_pack_linears(dtype: torch.dtype, device: str, compile: bool = False) -> None:
+    """Refuse `--pack-linears` where it cannot run: models of another dtype than float32, a device other than the
+    CPU, compiled forwards (not supported), a torch build without oneDNN's linear operators."""
+    if not device.startswith("cpu"):
+        raise ValueError(f"--pack-linears runs linear layers on the CPU, not on {device}: drop --pack-linears.")
+    if dtype != torch.float32:
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(f"--pack-linears runs float32 linear layers, these models run {name}: add --dtype float32.")
+    if compile:
+        raise ValueError("--pack-linears runs the layers eagerly: drop --compile or --pack-linears.")
+    if not can_pack_linears():
+        raise ValueError(
+            f"torch {torch.__version__} cannot run oneDNN's linear operators here (hf_specdec.cpu_linears."
+            "can_pack_linears()): drop --pack-linears."
+        )
 
 
 def positive_int(text: str) -> int:

@@ -1,20 +1,26 @@
 """Linear layers through oneDNN on a CPU: `pack_linears`.
 
 On a CPU, torch computes a float32 `nn.Linear` with MKL's matrix products, which read the whole weight matrix once
-per row of a small input: verifying two tokens costs about twice what one costs, and three or more about three
-times (a 1536 x 8960 layer on a 2-core AMD EPYC with AVX2: 3.4 ms for one row, 6.9 ms for two, 11 ms for three to
-nine). That is the cost structure speculative decoding cannot win against: every draft it verifies costs nearly a
-decoding step. oneDNN's matrix products over weights packed for them once (torch's own `mkldnn` operators, the
-ones inductor uses for frozen CPU models) read the weights once for any small number of rows: 2.3 ms for one row,
-1.9 to 3.4 ms for two to nine on the same layer, so plain decoding gets faster and a speculative step verifies
-several tokens for about the price of one.
+per row of a small input: verifying two tokens costs more than twice what one costs, and three or more three to
+five times (an 8960 x 1536 layer on a 2-core AMD EPYC with AVX2: 2.9 ms for one row, 6.7 ms for two, 9.6 to 14.1
+ms for three to seventeen; `tools/linear_rows.py`). That is the cost structure speculative decoding cannot win
+against: every draft it verifies costs nearly a decoding step. oneDNN's matrix products (torch's own `mkldnn`
+operators) over weights packed for them once read the weights once for a few rows: 2.3 ms for one row, 2.2 to 3.5
+ms for two to five on the same layer, so plain decoding gets faster and a speculative step verifies several
+tokens for about the price of one.
 
-The packed copy is kept beside each layer's weights (about as much memory again for those layers; `packed=False`
-runs oneDNN over the weights as they are, with no copy, at about half the gain), made at the layer's first forward
-and again whenever its weights change. Forwards that need gradients run `torch.nn.functional.linear` as before.
+The packed copy is kept beside each layer's weights (as much memory again for those layers; `packed=False` runs
+oneDNN over the weights as they are, with no copy, slower for a few rows), made at the layer's first forward and
+again when its weights are replaced, moved or changed in place (not through `.data`, as PEFT's adapter merge does:
+call `pack_linears` again after such a change). Forwards that need gradients, and inputs other than float32 on the
+CPU, run `torch.nn.functional.linear` as before.
 """
 
 from __future__ import annotations
+
+import functools
+import platform
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,28 +33,74 @@ class PackedLinear(nn.Linear):
 
     packed: bool
     _pack: torch.Tensor | None
-    _pack_version: int
+    _pack_key: tuple | None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (self.weight.requires_grad or input.requires_grad):
-            return F.linear(input, self.weight, self.bias)  # the oneDNN operator has no backward
+        if not self._onednn_runs(input):
+            return F.linear(input, self.weight, self.bias)
         rows = input.reshape(-1, input.shape[-1]).contiguous()
         output = torch.ops.mkldnn._linear_pointwise(rows, self._weights(), self.bias, "none", [], "")
         return output.reshape(*input.shape[:-1], self.out_features)
 
+    def _onednn_runs(self, input: torch.Tensor) -> bool:
+        """Whether this forward goes through oneDNN: float32 on the CPU, some rows, no gradient to compute (the
+        oneDNN operator has no backward)."""
+        tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+            return False
+        if input.dim() == 0 or input.numel() == 0:
+            return False
+        return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
     def _weights(self) -> torch.Tensor:
-        """The weights oneDNN reads: packed once, and again after anything changed them in place."""
+        """The weights oneDNN reads: packed once, and again after they were replaced or changed in place."""
         if not self.packed:
             return self.weight
-        if self._pack is None or self._pack_version != self.weight._version:
-            self._pack = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-            self._pack_version = self.weight._version
+        weight = self.weight
+        try:
+            version = weight._version
+        except RuntimeError:  # made under torch.inference_mode(): no version counter, and never changed in place
+            version = -1
+        key = (weight.data_ptr(), version)
+        if self._pack is None or self._pack_key != key:
+            self._pack = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._pack_key = key
         return self._pack
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> PackedLinear:
+        """`.to()`, `.float()`, `.cuda()` and the like drop the packed copy: packed again where it still applies."""
+        self._pack = self._pack_key = None
+        return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the packed weights out (oneDNN's packed tensors cannot be copied): packed again
         at their first forward."""
-        return {**super().__getstate__(), "_pack": None}
+        return {**super().__getstate__(), "_pack": None, "_pack_key": None}
+
+
+def packs_by_default() -> bool:
+    """Whether the library's commands pack float32 linear layers unless told otherwise: where the operators run and
+    the CPU is an x86 one (where the gain was measured)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and can_pack_linears()
+
+
+def can_pack_linears() -> bool:
+    """Whether this torch can run `pack_linears`' layers: built with oneDNN, with its linear operators taking
+    dense CPU tensors (tried once on a tiny layer)."""
+    return _operators_work()
+
+
+@functools.cache
+def _operators_work() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.ones(2, 3)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        output = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 3), packed, None, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.equal(output, torch.full((2, 2), 3.0)))
 
 
 def pack_linears(model: nn.Module, packed: bool = True) -> int:
@@ -66,15 +118,15 @@ def pack_linears(model: nn.Module, packed: bool = True) -> int:
         `int`: how many layers now run through oneDNN (layers of other dtypes or types are left as they are).
 
     Raises:
-        `RuntimeError`: torch was built without oneDNN or its linear operators.
+        `RuntimeError`: this torch build cannot run oneDNN's linear operators over dense weights
+            (`can_pack_linears()` is `False`).
         `ValueError`: the model has no float32 `nn.Linear` on the CPU (load it with `dtype=torch.float32`).
     """
-    operators = ("_linear_pointwise", "_reorder_linear_weight")
-    if not torch.backends.mkldnn.is_available() or not all(hasattr(torch.ops.mkldnn, op) for op in operators):
+    if not can_pack_linears():
         raise RuntimeError(
-            f"pack_linears needs torch built with oneDNN and its operators {', '.join(operators)} (torch "
-            f"{torch.__version__} here has not both): install torch's own CPU build "
-            "(https://pytorch.org/get-started/locally/) or leave the layers as they are."
+            f"pack_linears needs torch's oneDNN linear operators (mkldnn::_linear_pointwise over weights packed by "
+            f"mkldnn::_reorder_linear_weight), which this torch build ({torch.__version__}) does not run: leave the "
+            "layers as they are."
         )
     layers = [m for m in model.modules() if type(m) in (nn.Linear, PackedLinear)]
     usable = [m for m in layers if m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
@@ -86,7 +138,7 @@ def pack_linears(model: nn.Module, packed: bool = True) -> int:
         )
     for layer in usable:
         layer.__class__ = PackedLinear
-        layer.packed, layer._pack, layer._pack_version = packed, None, -1
+        layer.packed, layer._pack, layer._pack_key = packed, None, None
     return len(usable)
 
 
@@ -95,6 +147,6 @@ def unpack_linears(model: nn.Module) -> int:
     how many."""
     layers = [m for m in model.modules() if type(m) is PackedLinear]
     for layer in layers:
-        del layer.packed, layer._pack, layer._pack_version
+        del layer.packed, layer._pack, layer._pack_key
         layer.__class__ = nn.Linear
     return len(layers)

@@ -26,6 +26,7 @@ from hf_specdec.cli_args import (
     MODEL_DTYPES,
     MODEL_HELP,
     HelpFormatter,
+    check_pack_linears,
     device,
     heads_source,
     model_dtype,
@@ -196,6 +197,8 @@ def check_bench_args(args: argparse.Namespace) -> None:
     if _repeated(names):
         raise ValueError(f"--medusa names two heads alike ({', '.join(names)}): give each its own name")
     args.resolved_methods = methods(args)
+    if args.pack_linears:
+        check_pack_linears(model_dtype(args.dtype, args.device), args.device, args.compile)
     for _, source in args.medusa:
         _check_heads(source, several=len(args.medusa) > 1)
 
@@ -267,6 +270,7 @@ def run_bench(args: argparse.Namespace) -> int:
         prompts=",".join(args.prompts),
         n=args.n,
         dtype=str(dtype).removeprefix("torch."),
+        pack_linears=args.pack_linears,
         device=args.device,
         machine=machine(args.device),
         torch=torch.__version__,
