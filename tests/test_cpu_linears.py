@@ -115,7 +115,7 @@ def test_the_demo_packs_by_default_in_float32_and_the_benchmark_when_asked() -> 
 
 def test_a_torch_without_onednn_is_refused_with_what_to_do(monkeypatch) -> None:
     assert cpu_linears.can_pack_linears()  # this torch runs the operators
-    monkeypatch.setattr(cpu_linears, "_operators_work", lambda: False)
+    monkeypatch.setattr(cpu_linears, "can_pack_linears", lambda: False)
     with pytest.raises(RuntimeError, match="leave the layers as they are"):
         pack_linears(tiny_model("llama", seed=0))
     assert not cpu_linears.packs_by_default()

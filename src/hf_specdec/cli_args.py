@@ -35,10 +35,12 @@ MODEL_HELP = f"zoo name ({ZOO_NAMES}), local folder or Hub id (org/name)"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 #: The `--dtype` choices of the commands that run models: `DTYPES`' names, and `auto` (`model_dtype`).
 MODEL_DTYPES = ["auto", *sorted(DTYPES)]
-MODEL_DTYPE_HELP = (
-    "dtype of the models; auto: bfloat16 on a GPU that computes it and on a CPU with AVX512-BF16 or AMX, float32 on "
-    "other CPUs (where bf16 runs several times slower)"
+#: What `--dtype auto` picks (`model_dtype`), for the commands' help.
+AUTO_DTYPE = (
+    "auto: bfloat16 on a GPU that computes it and on a CPU with AVX512-BF16 or AMX, float32 on other CPUs (where bf16 "
+    "runs several times slower)"
 )
+MODEL_DTYPE_HELP = f"dtype of the models; {AUTO_DTYPE}"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 

@@ -84,14 +84,10 @@ def packs_by_default() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and can_pack_linears()
 
 
+@functools.cache
 def can_pack_linears() -> bool:
     """Whether this torch can run `pack_linears`' layers: built with oneDNN, with its linear operators taking
     dense CPU tensors (tried once on a tiny layer)."""
-    return _operators_work()
-
-
-@functools.cache
-def _operators_work() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:

@@ -29,6 +29,13 @@ def cpu_flags() -> frozenset[str] | None:
     return None if flags is None else frozenset(flags.split())
 
 
+def cpu_has_fast_bf16() -> bool | None:
+    """Whether the CPU computes bf16 matrix products fast (it has one of `FAST_BF16_FLAGS`); `None` where its flags
+    cannot be read."""
+    flags = cpu_flags()
+    return None if flags is None else bool(flags & FAST_BF16_FLAGS)
+
+
 def fast_dtype(device: str) -> torch.dtype:
     """The dtype models decode fastest in on `device` ("cpu", "cuda", "cuda:1", "mps") without float16's narrow
     range: bfloat16 on a CUDA GPU that computes it (float16 on one that does not) and on a CPU with AVX512-BF16 or
@@ -36,17 +43,13 @@ def fast_dtype(device: str) -> torch.dtype:
     if device.startswith("cuda"):
         major, _ = torch.cuda.get_device_capability(torch.device(device))
         return torch.bfloat16 if major >= 8 else torch.float16  # bf16 in hardware from Ampere on
-    flags = cpu_flags()
-    if device.startswith("cpu") and flags is not None and flags & FAST_BF16_FLAGS:
-        return torch.bfloat16
-    return torch.float32
+    return torch.bfloat16 if device.startswith("cpu") and cpu_has_fast_bf16() else torch.float32
 
 
 def slow_bf16_warning(device: str, dtype: torch.dtype) -> str | None:
     """A warning for bf16 models on a CPU that has none of `FAST_BF16_FLAGS` (`None` elsewhere, and where the flags
     cannot be read)."""
-    flags = cpu_flags()
-    if dtype != torch.bfloat16 or not device.startswith("cpu") or flags is None or flags & FAST_BF16_FLAGS:
+    if dtype != torch.bfloat16 or not device.startswith("cpu") or cpu_has_fast_bf16() is not False:
         return None
     return (
         "This CPU has no AVX512-BF16 or AMX instructions: bfloat16 models run several times slower here than in "

@@ -22,7 +22,7 @@ import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments, set_seed
 
-from hf_specdec.cli_args import DTYPES, MODEL_DTYPES, model_dtype
+from hf_specdec.cli_args import AUTO_DTYPE, DTYPES, MODEL_DTYPES, model_dtype
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
 from hf_specdec.generation.validation import eos_token_ids, output_vocab_size
 from hf_specdec.medusa import MedusaConfig, MedusaForCausalLM
@@ -208,11 +208,7 @@ class MedusaTrainingConfig:
     tree_nodes: int = field(default=16, metadata={"help": "Node budget of the tree built from measured accuracies."})
     dtype: str = field(
         default="float32",
-        metadata={
-            "help": f"Base weights' dtype: {MODEL_DTYPES}; auto: bfloat16 on a GPU that computes it and on a CPU "
-            "with AVX512-BF16 or AMX, float32 on other CPUs (where bf16 runs several times slower). The run records "
-            "the one it used."
-        },
+        metadata={"help": f"Base weights' dtype: {MODEL_DTYPES}; {AUTO_DTYPE}. The run records the one it used."},
     )
     dry_run: bool = field(
         default=False,
