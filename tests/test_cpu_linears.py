@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_specdec import cpu_linears, pack_linears, unpack_linears
+from hf_specdec import SpeculativeCosts, cpu_linears, pack_linears, unpack_linears
 from hf_specdec.bench.quantized import int8_draft
 from hf_specdec.cli import build_parser
 from hf_specdec.cpu_linears import PackedLinear
@@ -53,6 +53,7 @@ def test_speculative_decoding_of_packed_models_is_plain_greedy_of_them(batch: in
     ids, mask = ragged_batch(batch, seed=4)
     kwargs = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": NEW, "do_sample": False}
     plain = target.generate(**kwargs)
+    kwargs["speculative_costs"] = SpeculativeCosts(draft_forward=0.1, verify_per_token=0.01)  # drafting pays
     for extra in (
         {"assistant": draft},
         {"assistant": draft, "prompt_lookup_num_tokens": 4},
