@@ -21,14 +21,32 @@ import inspect
 
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import ModelOutput
 
 from hf_specdec.generation.positions import slot_indexed_mask_size
 from hf_specdec.generation.readback import HostReads
+from hf_specdec.generation.recurrent import (
+    MIXED_LAYER_TYPES,
+    RECURRENT_LAYER_TYPES,
+    STATELESS_LAYER_TYPES,
+    RecurrentStates,
+    has_recurrent_layers,
+    recurrent_cache,
+    valid_first,
+)
 from hf_specdec.trees.masks import additive_mask, to_additive, visibility
 
-_SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+_SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"} | RECURRENT_LAYER_TYPES | MIXED_LAYER_TYPES
+_SUPPORTED_LAYER_TYPES |= STATELESS_LAYER_TYPES
+# How each kind of layer attends: recurrent layers and layers without a cache do not.
+_ATTENTION_OF_LAYER = {
+    "full_attention": "full_attention",
+    "hybrid": "full_attention",
+    "sliding_attention": "sliding_attention",
+    "hybrid_sliding": "sliding_attention",
+}
 
 # Compact a cache once holes make up this share of its slots, and at least MIN_WASTE slots.
 COMPACT_FRACTION = 0.25
@@ -93,23 +111,28 @@ def wants_compile(model: PreTrainedModel, cache: Cache, generation_config: Gener
 
 
 class AttentionLayout:
-    """How a model's layers attend, read once from its config: full, sliding window, or a mix of both."""
+    """How a model's layers attend, read once from its config: full, sliding window, or a mix of both; and whether
+    some layers keep a recurrent state instead (`recurrent`), or none attend at all (`attends`)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         config = model.config.get_text_config(decoder=True)
         layer_types: list[str] | None = getattr(config, "layer_types", None)
         window: int | None = getattr(config, "sliding_window", None)
+        self.recurrent = has_recurrent_layers(model)
         if layer_types is not None:
             unknown = set(layer_types) - _SUPPORTED_LAYER_TYPES
             if unknown:
                 raise ValueError(
                     f"{type(model).__name__} has layers of type {sorted(unknown)}, whose state cannot be rolled "
-                    "back to an earlier token. Speculative decoding supports attention-only decoders "
-                    "(full or sliding-window attention); decode this model with plain `generate()`."
+                    "back to an earlier token. Speculative decoding supports attention layers (full or sliding "
+                    "window) and the recurrent layers of transformers' caches (linear attention, state space "
+                    "models, short convolutions); decode this model with plain `generate()`."
                 )
-            kinds = set(layer_types)
+            kinds = {_ATTENTION_OF_LAYER[kind] for kind in layer_types if kind in _ATTENTION_OF_LAYER}
         else:
             kinds = {"sliding_attention"} if window is not None else {"full_attention"}
+        self.kinds = kinds
+        self.attends = bool(kinds)
         self.mixed = len(kinds) > 1
         self.sliding_window = window if "sliding_attention" in kinds else None
         if self.sliding_window is not None and self.sliding_window < 2:
@@ -126,7 +149,8 @@ class AttentionLayout:
                 "and rejected tokens in the cache and masks by the attention mask it passes. Decode this model with "
                 "plain `generate()`, or draft with another model."
             )
-        if "position_ids" not in inspect.signature(model.forward).parameters or getattr(config, "alibi", False):
+        takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        if self.attends and (not takes_positions or getattr(config, "alibi", False)):
             raise ValueError(
                 f"{type(model).__name__} does not take `position_ids` (or uses ALiBi biases tied to cache slots), so "
                 "rows of a batch cannot keep their own positions when they accept different numbers of tokens. "
@@ -170,6 +194,13 @@ class CachedSequence:
         # With `capacity`, a static cache of that many slots per layer (it grows if a forward would overflow it).
         self.capacity = capacity
         self.cache: Cache = DynamicCache() if capacity is None else _static_cache(capacity)
+        # Models with recurrent layers: a cache laid out from the config, and the recurrent states of every token fed
+        # since the last decision (`RecurrentStates`); none of their forwards is compiled (recording the states
+        # changes their shapes).
+        self.recurrent: RecurrentStates | None = None
+        if self.layout.recurrent:
+            self.cache = recurrent_cache(model, capacity)
+            self.recurrent = RecurrentStates(self.cache, type(model).__name__)
         self._call = model  # the forward of steps after the first: the model, or its compiled call
         self._dtype = model.dtype  # of the masks (`model.dtype` looks through the parameters at every call)
         self.compiled = False
@@ -189,12 +220,20 @@ class CachedSequence:
         a growing cache would change shapes at every step."""
         if self.capacity is None:
             raise ValueError("Only a static cache can be compiled: pass cache_implementation='static'.")
+        if self.recurrent is not None:
+            return  # see `compiles`
         # Every model and width bucket compiles a graph of one code object (the models' `__call__`): torch's default
         # limit of 8 per code object would send the rest back to eager without a word.
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self._call = self.model.get_compiled_call(generation_config.compile_config)
         self.compiled = True
+
+    @property
+    def compiles(self) -> bool:
+        """Whether `compile` compiles this model's forwards: not those of a model with recurrent layers, whose
+        cache records a state per token fed in a step (growing shapes, as transformers' assisted decoding)."""
+        return self.recurrent is None
 
     def _mask(
         self,
@@ -205,6 +244,8 @@ class CachedSequence:
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         dtype = self._dtype
         kv_length = self.capacity  # a static cache's forward attends over all its slots
+        if self.recurrent is not None:
+            return self._recurrent_masks(new_valid, new_positions, structure, recent)
         if self.layout.sliding_window is None:
             return additive_mask(self.valid, new_valid, structure, dtype, recent, kv_length)
         if new_valid is None:
@@ -218,6 +259,36 @@ class CachedSequence:
         if not self.layout.mixed:
             return to_additive(window, dtype)
         return {"full_attention": to_additive(full, dtype), "sliding_attention": to_additive(window, dtype)}
+
+    def _recurrent_masks(
+        self,
+        new_valid: torch.Tensor | None,
+        new_positions: torch.Tensor,
+        structure: torch.Tensor,
+        recent: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor | None] | torch.Tensor | None:
+        """The masks of a model with recurrent layers, by layer type: the attention layers' as for any model; the
+        recurrent layers' the 2D padding mask of the prompts, as plain `generate()` passes it (later forwards
+        feed no padding into a recurrent layer, see `valid_first`). A model without attention takes the 2D mask
+        alone."""
+        padding = new_valid.long() if new_valid is not None and self.num_slots == 0 else None
+        if not self.layout.attends:
+            return padding
+        layout, masks = self.layout, {}
+        if new_valid is None:
+            new_valid = _all_true(new_positions.shape, new_positions.device)
+        if "full_attention" in layout.kinds:
+            full = self._all_slots(visibility(self.valid, new_valid, structure, recent=recent))
+            masks["full_attention"] = masks["hybrid"] = to_additive(full, self._dtype)
+        if "sliding_attention" in layout.kinds:
+            key_positions = torch.cat([self.positions, new_positions], dim=1)  # (B, P+q)
+            window = visibility(
+                self.valid, new_valid, structure, key_positions, new_positions, layout.sliding_window, recent
+            )
+            masks["sliding_attention"] = masks["hybrid_sliding"] = to_additive(self._all_slots(window), self._dtype)
+        for kind in RECURRENT_LAYER_TYPES:
+            masks[kind] = padding
+        return masks
 
     def _all_slots(self, visible: torch.Tensor) -> torch.Tensor:
         """A static cache's forward attends over all its slots: the ones past the new tokens are hidden."""
@@ -259,6 +330,11 @@ class CachedSequence:
         """
         width = new_positions.shape[1]
         first = self.num_slots == 0
+        if self.recurrent is not None and not first:
+            return self._recurrent_forward(
+                input_ids, new_valid, new_positions, structure, logits_to_keep, output_hidden_states, recent,
+                inputs_embeds,
+            )  # fmt: skip
         all_valid = new_valid is None
         if new_valid is None:
             new_valid = _all_true(new_positions.shape, new_positions.device)
@@ -274,7 +350,7 @@ class CachedSequence:
         mask = self._mask(None if all_valid and not pad else new_valid, new_positions, structure, recent)
         extra = {"logits_to_keep": logits_to_keep} if self.takes_logits_to_keep else {}
         inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-        call = {"attention_mask": mask, "position_ids": new_positions, "cache": self.cache, "use_cache": True}
+        call = self._call_arguments(mask, new_positions)
         if first:
             outputs = self._first_forward(inputs, call, output_hidden_states, extra, width)
         else:
@@ -289,13 +365,65 @@ class CachedSequence:
             self.positions = torch.cat([self.positions, new_positions], dim=1)
         return outputs
 
+    def _call_arguments(self, mask: object, positions: torch.Tensor) -> dict:
+        """The mask, positions and cache a forward takes (a model without attention takes no positions)."""
+        call = {"attention_mask": mask, "cache": self.cache, "use_cache": True}
+        if self.layout.attends:
+            call["position_ids"] = positions
+        return call
+
+    def _recurrent_forward(
+        self,
+        input_ids: torch.Tensor | None,
+        new_valid: torch.Tensor | None,
+        new_positions: torch.Tensor,
+        structure: torch.Tensor,
+        logits_to_keep: int,
+        output_hidden_states: bool | int | list[int],
+        recent: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> CausalLMOutputWithPast:
+        """`forward` after the prompts for a model with recurrent layers: every row's real tokens fed first (their
+        padding after, see `valid_first`), the state after each token recorded, the outputs in the caller's order."""
+        assert self.recurrent is not None
+        width = new_positions.shape[1]
+        order = None
+        if new_valid is not None:
+            order = valid_first(new_valid)  # (B, q)
+            new_valid, new_positions = new_valid.gather(1, order), new_positions.gather(1, order)
+            if input_ids is not None:
+                input_ids = input_ids.gather(1, order)
+            if inputs_embeds is not None:
+                inputs_embeds = inputs_embeds.gather(1, order[..., None].expand(-1, -1, inputs_embeds.shape[-1]))
+            structure = _reorder_structure(structure, order)
+            if recent is not None:
+                recent = recent.gather(1, order[..., None].expand(-1, -1, recent.shape[-1]))
+        mask = self._mask(new_valid, new_positions, structure, recent)
+        # Rows reordered keep their last real token elsewhere than in the last column: all logits, then the last.
+        keep = 0 if order is not None else logits_to_keep
+        extra = {"logits_to_keep": keep} if self.takes_logits_to_keep else {}
+        inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+        self.recurrent.record(width)
+        outputs = self.model(
+            **inputs, **self._call_arguments(mask, new_positions), output_hidden_states=output_hidden_states, **extra
+        )
+        self.recurrent.fed(new_valid if new_valid is not None else _all_true(new_positions.shape, new_positions.device))
+        if order is not None:
+            outputs = _restore_order(outputs, order, logits_to_keep)
+        if new_valid is None:
+            new_valid = _all_true(new_positions.shape, new_positions.device)
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        if self._windowed:
+            self.positions = torch.cat([self.positions, new_positions], dim=1)
+        return outputs
+
     def start_from(
         self, layers: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor, positions: torch.Tensor
     ) -> None:
         """Start an empty dynamic cache from keys and values computed elsewhere, one `(batch, heads, slots,
         head_dim)` pair per layer, with the slots' validity and logical positions `(batch, slots)`."""
-        if self.num_slots or self.capacity is not None:
-            raise ValueError("Only an empty dynamic cache starts from states computed elsewhere.")
+        if self.num_slots or self.capacity is not None or self.recurrent is not None:
+            raise ValueError("Only an empty dynamic cache of attention layers starts from states computed elsewhere.")
         for index, (keys, values) in enumerate(layers):
             self.cache.update(keys, values, index)
         self.valid = valid.bool()
@@ -351,6 +479,8 @@ class CachedSequence:
         """
         if keep_max is None:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
+        if self.recurrent is not None:
+            self.recurrent.keep(num_keep, num_new)
         drop = num_new - keep_max
         if drop > 0:
             self._drop_last(drop)
@@ -370,6 +500,12 @@ class CachedSequence:
         """
         if self.num_slots == 0:
             return
+        if self.recurrent is not None:
+            raise ValueError(
+                f"{type(self.model).__name__} keeps recurrent states, which cannot go back to an earlier token of the "
+                "text once a step is decided: it cannot draft through another tokenizer. Draft with a model of the "
+                "target's tokenizer, or with prompt lookup."
+            )
         limit = limit.to(self.valid.device)[:, None]
         if self._windowed:  # slots that left the window are holes already: read the positions
             self.valid &= self.positions < limit
@@ -382,7 +518,11 @@ class CachedSequence:
 
     def _drop_last(self, drop: int) -> None:
         """Crop the last `drop` slots from the cache and the bookkeeping."""
-        self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
+        if self.recurrent is None:
+            self.cache.crop(-drop)  # transformers >= 5: a negative count of tokens to remove
+        else:  # the attention slots alone: recurrent states are taken back row by row (`RecurrentStates.keep`)
+            _crop_attention(self.cache, drop)
+            self.recurrent.drop(drop)
         self.valid = self.valid[:, :-drop]
         if self._windowed:
             self.positions = self.positions[:, :-drop]
@@ -411,6 +551,8 @@ class CachedSequence:
         """
         if keep_max is None:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
+        if not is_prefix and self.recurrent is not None:
+            raise ValueError(_RECURRENT_TREES.format(name=type(self.model).__name__))
         if not is_prefix:
             offsets = _row_of_offsets(keep_max, nodes.device)  # (1, keep_max)
             nodes = torch.where(offsets < num_keep[:, None], nodes[:, :keep_max], offsets)
@@ -427,7 +569,10 @@ class CachedSequence:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows of the batch (finished rows leave the batch and cost nothing more)."""
-        if self.capacity is None:
+        if self.recurrent is not None:
+            _select_attention_rows(self.cache, rows, static=self.capacity is not None)
+            self.recurrent.select_rows(rows)
+        elif self.capacity is None:
             self.cache.batch_select_indices(rows)
         else:
             for layer in self.cache.layers:
@@ -500,9 +645,42 @@ class CachedSequence:
                 layer.keys[:, :, :width] = _gather_slots(layer.keys[:, :, :slots], order)
                 layer.values[:, :, :width] = _gather_slots(layer.values[:, :, :slots], order)
                 layer.cumulative_length.fill_(width)
+        if self.recurrent is not None:
+            self.recurrent.drop(slots - width)
         self.valid = self.valid.gather(1, order)
         if self._windowed:
             self.positions = self.positions.gather(1, order)
+
+
+# Why a tree cannot be verified on a model with recurrent layers.
+_RECURRENT_TREES = (
+    "{name} keeps recurrent states (linear attention, state space or convolution layers), which read the tokens of "
+    "a forward in order, while a tree's branches are siblings: they verify chains of drafts only. Drop `tree=` (and "
+    "use chains: `assistant=`, prompt lookup, or heads with a chain of one candidate per depth)."
+)
+
+
+def _crop_attention(cache: Cache, drop: int) -> None:
+    """Crop the last `drop` slots of every attention layer of a cache that also holds recurrent layers."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None:
+            continue
+        if isinstance(layer, StaticLayer):
+            StaticLayer.crop(layer, -drop)
+        else:
+            DynamicLayer.crop(layer, -drop)
+
+
+def _select_attention_rows(cache: Cache, rows: torch.Tensor, static: bool) -> None:
+    """Keep the given rows of every attention layer of a cache that also holds recurrent layers."""
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is None or keys.numel() == 0:
+            continue
+        if static:
+            _set_static_states(layer, layer.keys[rows], layer.values[rows])
+        else:
+            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
 
 
 def _gather_slots(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -573,6 +751,32 @@ def _own_outputs(outputs: CausalLMOutputWithPast, width: int, pad: int) -> Causa
     outputs.logits = outputs.logits[:, : outputs.logits.shape[1] - pad].clone()
     if outputs.hidden_states is not None:
         outputs.hidden_states = tuple(None if h is None else h[:, :width].clone() for h in outputs.hidden_states)
+    return outputs
+
+
+def _reorder_structure(structure: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """An ancestor matrix `(q, q)` or `(B, q, q)` with every row's new tokens put in `order` `(B, q)`."""
+    batch, q = order.shape
+    structure = structure.expand(batch, q, q)
+    structure = structure.gather(1, order[:, :, None].expand(batch, q, q))
+    return structure.gather(2, order[:, None, :].expand(batch, q, q))
+
+
+def _restore_order(outputs: ModelOutput, order: torch.Tensor, logits_to_keep: int) -> ModelOutput:
+    """Outputs of a forward whose tokens were fed in `order` `(B, q)`, put back in the caller's order (the last
+    `logits_to_keep` positions' logits alone when it is set)."""
+    inverse = torch.argsort(order, dim=1)  # (B, q)
+
+    def restore(states: torch.Tensor) -> torch.Tensor:
+        return states.gather(1, inverse[..., None].expand(-1, -1, states.shape[-1]))
+
+    if getattr(outputs, "logits", None) is not None:
+        logits = restore(outputs.logits)
+        outputs.logits = logits[:, logits.shape[1] - logits_to_keep :] if logits_to_keep else logits
+    if getattr(outputs, "last_hidden_state", None) is not None:  # a decoder run alone
+        outputs.last_hidden_state = restore(outputs.last_hidden_state)
+    if outputs.hidden_states is not None:
+        outputs.hidden_states = tuple(None if h is None else restore(h) for h in outputs.hidden_states)
     return outputs
 
 

@@ -46,7 +46,7 @@ def prefill_by_span(seq: CachedSequence, input_ids: torch.Tensor, valid: torch.T
     Reads the spans from the device once."""
     batch, width = input_ids.shape
     device = input_ids.device
-    if batch == 1:
+    if batch == 1 or seq.recurrent is not None:  # a recurrent state is one per row: no slots to assemble
         seq.forward(input_ids, valid, positions, chain_structure(width, device), logits_to_keep=1)
         return
     spans = (width - valid.int().argmax(dim=1)).tolist()  # no row is all padding (`check_prompts`)

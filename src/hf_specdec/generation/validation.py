@@ -13,7 +13,8 @@ from transformers.generation.configuration_utils import GenerationMode
 from hf_specdec.generation.kv_cache import STATIC_CACHE_IMPLEMENTATIONS, AttentionLayout
 
 # Models whose layers carry a recurrent state but whose configs have no `layer_types` to say so.
-_RECURRENT_MODEL_TYPES = {"rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba"}
+# (Mamba, Mamba2 and the hybrids declare theirs, which their caches keep and `generation.recurrent` rolls back.)
+_RECURRENT_MODEL_TYPES = {"rwkv", "xlstm"}
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
@@ -53,11 +54,13 @@ def check_rollback(model: PreTrainedModel, role: str = "target") -> None:
             "supports decoder-only causal LMs. Use transformers' `assistant_model=` for encoder-decoders."
         )
     parameters = inspect.signature(model.forward).parameters
-    if model.config.model_type in _RECURRENT_MODEL_TYPES or "state" in parameters or "cache_params" in parameters:
+    own_state = "state" in parameters or ("cache_params" in parameters and "cache" not in parameters)
+    if model.config.model_type in _RECURRENT_MODEL_TYPES or own_state:
         raise ValueError(
-            f"The {role} ({type(model).__name__}) keeps a recurrent state, which cannot be rolled back to an earlier "
-            "token when drafts are rejected. Speculative decoding supports attention-only decoders (full or "
-            "sliding-window attention); decode this model with plain `generate()`."
+            f"The {role} ({type(model).__name__}) keeps a recurrent state outside transformers' cache, which cannot be "
+            "rolled back to an earlier token when drafts are rejected. Speculative decoding supports attention "
+            "layers and the recurrent layers transformers' caches hold (linear attention, Mamba, short "
+            "convolutions); decode this model with plain `generate()`."
         )
 
 
