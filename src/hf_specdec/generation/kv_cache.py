@@ -132,7 +132,6 @@ class AttentionLayout:
         else:
             kinds = {"sliding_attention"} if window is not None else {"full_attention"}
         self.kinds = kinds
-        self.attends = bool(kinds)
         self.mixed = len(kinds) > 1
         self.sliding_window = window if "sliding_attention" in kinds else None
         if self.sliding_window is not None and self.sliding_window < 2:
@@ -149,8 +148,10 @@ class AttentionLayout:
                 "and rejected tokens in the cache and masks by the attention mask it passes. Decode this model with "
                 "plain `generate()`, or draft with another model."
             )
+        # Whether the model takes positions and masks per layer type (a pure state space model takes neither).
+        self.attends = bool(kinds) or ("position_ids" in inspect.signature(model.forward).parameters)
         takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-        if self.attends and (not takes_positions or getattr(config, "alibi", False)):
+        if kinds and (not takes_positions or getattr(config, "alibi", False)):
             raise ValueError(
                 f"{type(model).__name__} does not take `position_ids` (or uses ALiBi biases tied to cache slots), so "
                 "rows of a batch cannot keep their own positions when they accept different numbers of tokens. "
@@ -274,7 +275,8 @@ class CachedSequence:
         padding = new_valid.long() if new_valid is not None and self.num_slots == 0 else None
         if not self.layout.attends:
             return padding
-        layout, masks = self.layout, {}
+        layout = self.layout
+        masks: dict[str, torch.Tensor | None] = dict.fromkeys(_ATTENTION_OF_LAYER)
         if new_valid is None:
             new_valid = _all_true(new_positions.shape, new_positions.device)
         if "full_attention" in layout.kinds:
@@ -552,7 +554,7 @@ class CachedSequence:
         if keep_max is None:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
         if not is_prefix and self.recurrent is not None:
-            raise ValueError(_RECURRENT_TREES.format(name=type(self.model).__name__))
+            raise ValueError(RECURRENT_TREES.format(name=type(self.model).__name__))
         if not is_prefix:
             offsets = _row_of_offsets(keep_max, nodes.device)  # (1, keep_max)
             nodes = torch.where(offsets < num_keep[:, None], nodes[:, :keep_max], offsets)
@@ -653,10 +655,10 @@ class CachedSequence:
 
 
 # Why a tree cannot be verified on a model with recurrent layers.
-_RECURRENT_TREES = (
+RECURRENT_TREES = (
     "{name} keeps recurrent states (linear attention, state space or convolution layers), which read the tokens of "
-    "a forward in order, while a tree's branches are siblings: they verify chains of drafts only. Drop `tree=` (and "
-    "use chains: `assistant=`, prompt lookup, or heads with a chain of one candidate per depth)."
+    "a forward in order, while a tree's branches are siblings: such models verify chains of drafts only. Draft "
+    "chains instead: `assistant=` without `tree=`, prompt lookup, or both."
 )
 
 

@@ -30,7 +30,7 @@ from hf_specdec.generation.drafter import (
     Proposal,
     chain_proposal,
 )
-from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
+from hf_specdec.generation.kv_cache import RECURRENT_TREES, CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.readback import HostReads, StepOutcome
@@ -230,6 +230,8 @@ class DecodingRun:
     def verify(self, proposal: Proposal) -> Verified:
         """One target forward over every node under the trees' ancestor mask."""
         nodes, trees = proposal.nodes, proposal.trees
+        if not proposal.chain and self.target.recurrent is not None:
+            raise ValueError(RECURRENT_TREES.format(name=type(self.model).__name__))
         positions = (self.next_position[:, None] - 1 + trees.depths).clamp_max(self.buffer.max_length - 1)
         out = self.target.forward(
             nodes, trees.real, positions, trees.ancestors, output_hidden_states=self.hidden_states
