@@ -59,6 +59,7 @@ DRAFT_PATHS = ("assistant", "tree", "hybrid")  # with a draft model
 SPECULATIVE_PATHS = ("assistant", "tree", "lookup", "hybrid")  # `speculative(model).generate(...)`
 MEDUSA_PATHS = ("medusa", "medusa-dynamic", "medusa-lookup")
 LOOKUP_PATHS = ("lookup", "hybrid", "medusa-lookup")  # with prompt lookup
+TREE_PATHS = ("tree", *MEDUSA_PATHS)  # verifying trees
 
 # How each path's messages name it ("... cannot be combined with `assistant=`").
 PATH_NAMES = {
@@ -598,10 +599,12 @@ CASES: tuple[Case, ...] = (
     Case("encoder-decoder-target", MODELS, "an encoder-decoder target (T5)", PATHS, _target(t5)),
     Case("encoder-decoder-draft", MODELS, "an encoder-decoder draft (T5)", DRAFT_PATHS,
          _draft(lambda models: models.shared(t5))),
-    Case("mamba-target", MODELS, "a Mamba target (a recurrent state)", PATHS, _target(mamba)),
+    Case("mamba-target-trees", MODELS, "trees on a Mamba target (a recurrent state)", TREE_PATHS, _target(mamba)),
     Case("rwkv-target", MODELS, "an RWKV target (a recurrent state)", PATHS, _target(rwkv)),
-    Case("conv-layers-target", MODELS, "a target with convolution layers (LFM2's `layer_types`)", PATHS, _target(lfm2)),
-    Case("mamba-draft", MODELS, "a Mamba draft", DRAFT_PATHS, _draft(lambda models: models.shared(mamba))),
+    Case("conv-layers-target-trees", MODELS, "trees on a target with convolution layers (LFM2's `layer_types`)",
+         TREE_PATHS, _target(lfm2)),
+    Case("mamba-draft-tree", MODELS, "a Mamba draft growing a tree", ("tree",),
+         _draft(lambda models: models.shared(mamba))),
     Case("rwkv-draft", MODELS, "an RWKV draft", DRAFT_PATHS, _draft(lambda models: models.shared(rwkv))),
     Case("alibi-target", MODELS, "a target with ALiBi positions (BLOOM)", PATHS, _target(bloom)),
     Case("slot-mask-target", MODELS, "a target that masks by cache slot (GPT-Neo)", PATHS, _target(gpt_neo)),

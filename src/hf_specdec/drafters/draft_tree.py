@@ -39,8 +39,10 @@ from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import LookupWhileWaiting, graft_lookup, grow_tree, lookup_alone
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, Proposal, chain_proposal, committed_tokens
+from hf_specdec.generation.kv_cache import RECURRENT_TREES
 from hf_specdec.generation.processing import RaggedLogitsProcessor, score_nodes
 from hf_specdec.generation.readback import HostReads
+from hf_specdec.generation.recurrent import has_recurrent_layers
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.dynamic import DynamicTree
 from hf_specdec.trees.masks import chain_structure
@@ -78,6 +80,8 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
             its tree, as far as the measured acceptance of its matches pays for verifying it.
     """
 
+    proposes_trees = True
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -95,6 +99,8 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
     ) -> None:
         if tree.depth is None:
             raise ValueError("DraftTreeDrafter needs a DynamicTree with a depth (see `draft_tree_spec`).")
+        if has_recurrent_layers(model):  # it would be fed every node of the tree in one forward
+            raise ValueError(RECURRENT_TREES.format(name=type(model).__name__))
         super().__init__(
             model,
             target_vocab_size,

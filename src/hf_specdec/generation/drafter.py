@@ -128,6 +128,9 @@ class Drafter(Protocol):
     hidden_state_layers: tuple[int, ...]
     #: The most drafted tokens one step's path can hold (room the token buffer keeps after `max_length`).
     max_depth: int
+    #: Whether its proposals may branch (else one chain per row, numbered in order: what a model with recurrent
+    #: layers can verify).
+    proposes_trees: bool
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """See the prompts `(batch, prompt)`: which tokens are real (`valid`) and their logical positions."""
@@ -233,6 +236,7 @@ class ChainDrafter:
 
     hidden_state_layers: tuple[int, ...] = ()
     max_depth: int
+    proposes_trees = False
     _num_drafted = 0
 
     def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:

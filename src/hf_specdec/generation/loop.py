@@ -31,6 +31,7 @@ from hf_specdec.generation.drafter import DrafterFactory
 from hf_specdec.generation.inputs import check_prompts
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
 from hf_specdec.generation.positions import check_position_limits
+from hf_specdec.generation.recurrent import has_recurrent_layers as recurrent
 from hf_specdec.generation.run import AcceptanceRule, DecodingRun
 from hf_specdec.generation.validation import check_generation_config
 
@@ -99,7 +100,14 @@ def decode(
     input_ids = input_ids.to(device=model.device, dtype=torch.long)  # plain generate() takes any integer ids
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(model.device)
     continuation = None
-    fill_output = input_ids.shape[0] == 1 and generation_config.return_dict_in_generate
+    # A model with recurrent layers returns no cache (`out.cache` is None): its states are rolled back row by row
+    # in a cache of the loop's own, which plain decoding could not continue.
+    fill_output = input_ids.shape[0] == 1 and generation_config.return_dict_in_generate and not recurrent(model)
+    if cache is not None and continue_cache and recurrent(model):
+        raise ValueError(
+            f"{type(model).__name__} keeps recurrent states, and {path} cannot continue a cache of them: call "
+            "without `cache=` (the whole text is then prefilled), or continue this cache with plain `generate()`."
+        )
     if cache is not None and (continue_cache or fill_output):
         continuation = Continuation(cache, input_ids, attention_mask, path)
     accept = AcceptanceRule(

@@ -141,6 +141,8 @@ class DecodingRun:
             generation_config,
         )  # fmt: skip
         self.drafter = make_drafter(context)
+        if self.drafter.proposes_trees and self.target.recurrent is not None:
+            raise ValueError(RECURRENT_TREES.format(name=type(model).__name__))
         self.costs = costs
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)

@@ -33,6 +33,8 @@ class MedusaDrafter(LookupWhileWaiting):
             otherwise whole (a static tree is always verified whole).
     """
 
+    proposes_trees = True
+
     hidden_state_layers = (-1,)
 
     def __init__(

@@ -68,6 +68,8 @@ class EagleDrafter(LookupWhileWaiting):
             whole.
     """
 
+    proposes_trees = True
+
     def __init__(
         self,
         context: DraftingContext,
