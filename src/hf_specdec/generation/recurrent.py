@@ -21,6 +21,8 @@ its last real token, so padding never enters a recurrent state. The first forwar
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
 
 import torch
 from transformers import PreTrainedModel
@@ -68,6 +70,32 @@ def has_recurrent_layers(model: PreTrainedModel) -> bool:
 def has_attention_layers(model: PreTrainedModel) -> bool:
     """Whether some layer of `model` attends over a KV cache (False for pure state space models)."""
     return bool(set(layer_types(model)) & (ATTENTION_LAYER_TYPES | MIXED_LAYER_TYPES))
+
+
+def check_recorded(model: PreTrainedModel) -> None:
+    """Raise `ValueError` for a model with recurrent layers whose modelling code does not record the state after
+    each token of a forward (transformers' `get_recurrent_states_to_keep`): its rejected drafts could not be rolled
+    back. Layers of short convolutions alone need no recording (their window holds the inputs)."""
+    if not set(layer_types(model)) & ({"linear_attention"} | MIXED_LAYER_TYPES):
+        return
+    if not _records_states(type(model).__module__):
+        raise ValueError(_UNRECORDED.format(name=type(model).__name__))
+
+
+@functools.lru_cache(maxsize=64)
+def _records_states(module_name: str) -> bool:
+    """Whether a modelling module asks its cache how many per-token recurrent states to keep."""
+    module = sys.modules.get(module_name)
+    try:
+        return module is not None and "get_recurrent_states_to_keep" in inspect.getsource(module)
+    except (OSError, TypeError):  # no source to read: the first verify forward tells (`RecurrentStates.fed`)
+        return True
+
+
+_UNRECORDED = (
+    "{name} does not keep the state of its recurrent layers after each token of a forward in this version of "
+    "transformers, so a rejected draft cannot be rolled back. Decode this model with plain `generate()`."
+)
 
 
 def recurrent_cache(model: PreTrainedModel, capacity: int | None = None) -> Cache:
@@ -209,11 +237,7 @@ class RecurrentStates:
             layer.cumulative_length_linear.sub_(tokens)
 
     def _unrecorded(self) -> ValueError:
-        return ValueError(
-            f"{self.model_name} does not keep the state of its recurrent layers after each token of a forward in "
-            "this version of transformers, so a rejected draft cannot be rolled back. Decode this model with plain "
-            "`generate()`, or upgrade transformers."
-        )
+        return ValueError(_UNRECORDED.format(name=self.model_name))
 
 
 def _after_columns(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -11,6 +11,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
 from hf_specdec.generation.kv_cache import STATIC_CACHE_IMPLEMENTATIONS, AttentionLayout
+from hf_specdec.generation.recurrent import check_recorded, has_recurrent_layers
 
 # Models whose layers carry a recurrent state but whose configs have no `layer_types` to say so.
 # (Mamba, Mamba2 and the hybrids declare theirs, which their caches keep and `generation.recurrent` rolls back.)
@@ -42,6 +43,8 @@ def check_architecture(model: PreTrainedModel, role: str = "target") -> None:
     model whose layers keep a recurrent state, or one without the positions and 4D masks verification needs
     (see `AttentionLayout`). `role` ("target" or "draft") names it in the messages."""
     check_rollback(model, role)
+    if has_recurrent_layers(model):
+        check_recorded(model)
     AttentionLayout(model)  # layer types, position ids, attention implementation
 
 

@@ -1,0 +1,197 @@
+"""Models with recurrent layers (hybrids of linear attention, Mamba or short convolutions with attention, and pure
+state space models): every chain path gives plain greedy's tokens at batch 1 and on a left-padded batch of 3, in
+float32; sampling keeps the target's distribution; the rollback costs no forward; trees and the classes whose
+states transformers does not record are refused before any forward, with the reason."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+from transformers import GenerationMixin, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+import hf_specdec
+from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
+from tests.recurrent_models import RECURRENT_ARCHS, recurrent_model
+from tests.tiny_models import ragged_batch
+
+# Classes whose recurrent states transformers' caches keep per token (or that need none: short convolutions).
+SUPPORTED = (
+    "qwen3_5", "qwen3_5_moe", "qwen3_next", "mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "falcon_h1",
+    "granitemoehybrid", "nemotron_h", "zamba2", "lfm2", "lfm2_moe", "lfm3", "kimi_linear", "olmo_hybrid",
+    "bailing_hybrid", "lara_mini",
+)  # fmt: skip
+# Refused, with the reason each message gives.
+REFUSED = {
+    "zamba": "does not keep the state of its recurrent layers after each token",
+    "zaya": "does not keep the state of its recurrent layers after each token",
+    "qwen4_exp": "indexed_attention",
+    "minimax": "does not keep the state of its recurrent layers after each token",
+    "recurrent_gemma": "does not keep the state of its recurrent layers after each token",
+    "rwkv": "recurrent state outside transformers' cache",
+    "xlstm": "recurrent state outside transformers' cache",
+}
+PATHS = {
+    "assistant": lambda draft: {"assistant": draft},
+    "lookup": lambda draft: {"prompt_lookup_num_tokens": 3},
+    "assistant+lookup": lambda draft: {"assistant": draft, "prompt_lookup_num_tokens": 3},
+}
+COSTS = hf_specdec.SpeculativeCosts(0.0, 0.0)  # drafting always pays: every step speculates
+
+
+def test_every_class_is_tested_or_refused() -> None:
+    assert set(SUPPORTED) | set(REFUSED) == set(RECURRENT_ARCHS)
+    assert not set(SUPPORTED) & set(REFUSED)
+
+
+@functools.cache
+def _models(model_type: str) -> tuple[Any, Any]:
+    return hf_specdec.speculative(recurrent_model(model_type, 0)), recurrent_model(model_type, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_chains_give_plain_greedy_tokens(model_type: str, path: str, batch: int) -> None:
+    target, draft = _models(model_type)
+    ids, mask = ragged_batch(3)
+    ids, mask = ids[:batch], mask[:batch]
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False)
+    out = target.generate(
+        ids, attention_mask=mask, max_new_tokens=14, do_sample=False, speculative_costs=COSTS,
+        return_dict_in_generate=True, **PATHS[path](draft),
+    )  # fmt: skip
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative.plain_steps == 0
+    if "assistant" in path:  # (lookup drafts where the text repeats itself)
+        assert int(out.speculative.drafted_tokens.sum()) > 0
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_classes_without_recorded_states_are_refused_with_the_reason(model_type: str) -> None:
+    target = hf_specdec.speculative(recurrent_model(model_type, 0))
+    ids, mask = ragged_batch(2)
+    with pytest.raises(ValueError, match=REFUSED[model_type]):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, prompt_lookup_num_tokens=3)
+
+
+def test_a_cut_of_a_hybrid_drafts_for_it() -> None:
+    target, _ = _models("qwen3_5")
+    ids, mask = ragged_batch(3)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, assistant_early_exit=1)
+    assert torch.equal(out, plain)
+
+
+def test_a_hybrid_draft_drafts_for_an_attention_target() -> None:
+    from tests.tiny_models import tiny_target
+
+    target = tiny_target("llama")
+    draft = recurrent_model("qwen3_5", 1)
+    ids, mask = ragged_batch(3)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = target.generate(
+        ids, attention_mask=mask, max_new_tokens=12, do_sample=False, assistant=draft, speculative_costs=COSTS
+    )
+    assert torch.equal(out, plain)
+
+
+def test_rolling_back_costs_no_forward() -> None:
+    """One target forward per step: the states of rejected drafts are taken from the verify forward."""
+    target, draft = _models("qwen3_5")
+    calls: list[str] = []
+
+    def count(module: torch.nn.Module, args: Any) -> None:
+        if module is target:
+            calls.append("target")
+
+    ids, mask = ragged_batch(3)
+    hook = register_module_forward_pre_hook(count)
+    try:
+        out = target.generate(
+            ids, attention_mask=mask, max_new_tokens=14, do_sample=False, assistant=draft, speculative_costs=COSTS,
+            return_dict_in_generate=True,
+        )  # fmt: skip
+    finally:
+        hook.remove()
+    steps = int(out.speculative.target_forwards.max())
+    assert len(calls) == 1 + steps  # the prefill, then one forward per step: nothing re-run
+    assert int(out.speculative.accepted_tokens.sum()) < int(out.speculative.drafted_tokens.sum())  # rejections
+
+
+@pytest.mark.parametrize("tree", [4, None])
+def test_trees_are_refused_before_any_forward(tree: int | None) -> None:
+    target, draft = _models("qwen3_5")
+    forwards: list[str] = []
+
+    def count(module: torch.nn.Module, args: Any) -> None:
+        if isinstance(module, GenerationMixin):
+            forwards.append(type(module).__name__)
+
+    ids, mask = ragged_batch(2)
+    heads = hf_specdec.MedusaForCausalLM.from_base(target, hf_specdec.MedusaConfig(num_heads=2))
+    hook = register_module_forward_pre_hook(count)
+    try:
+        with pytest.raises(ValueError, match="verify chains of drafts only"):
+            if tree is None:
+                heads.generate(ids, attention_mask=mask, max_new_tokens=4, medusa=True)
+            else:
+                target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant=draft, tree=tree)
+    finally:
+        hook.remove()
+    assert not forwards
+
+
+def test_a_cache_of_recurrent_states_is_not_continued() -> None:
+    target, draft = _models("qwen3_5")
+    ids, mask = ragged_batch(1)
+    first = target.generate(
+        ids, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True, prompt_lookup_num_tokens=3
+    )
+    assert first.cache is None  # the loop's own states, which no later call could continue
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=2, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="cannot continue a cache of them"):
+        target.generate(
+            torch.cat([plain.sequences, plain.sequences[:, -1:]], dim=1), cache=plain.cache, max_new_tokens=2,
+            assistant=draft,
+        )  # fmt: skip
+
+
+# Sampling ------------------------------------------------------------------------------------------------------
+
+VOCAB, PAD, MAX_NEW, SAMPLES, ALPHA = 8, 0, 4, 6000, 1e-3
+
+
+def _sampling_model(seed: int, sharpen: float) -> Qwen3_5ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=3,
+        layer_types=["linear_attention", "full_attention"], max_position_embeddings=64, eos_token_id=None,
+        pad_token_id=PAD, bos_token_id=None,
+    )  # fmt: skip
+    model = Qwen3_5ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpen)
+    return model
+
+
+@pytest.mark.parametrize("path", ["assistant", "lookup"])
+def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
+    target = hf_specdec.speculative(_sampling_model(0, 6.0))
+    draft = _sampling_model(1, 6.0)
+    prompts = ((1, 5, 2, 5, 2), (6, 4))  # the second left-padded; lookup finds the first's repeats
+    extra = {"assistant": draft, "num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant"}
+    if path == "lookup":
+        extra = {"prompt_lookup_num_tokens": 3}
+    samples, stats = sample_copies(target, prompts, SAMPLES, PAD, MAX_NEW, seed=7, speculative_costs=COSTS, **extra)
+    assert int(stats.drafted_tokens.sum()) > 0 and stats.plain_steps == 0
+    assert int(stats.accepted_tokens.sum()) < int(stats.drafted_tokens.sum())  # rejections and rows that part
+    for prompt, generated in zip(prompts, samples, strict=True):
+        joint = exact_joint(target, prompt, sampling_warpers(1.0, None, None), VOCAB, MAX_NEW)
+        for columns in (slice(0, 2), slice(1, 3), slice(2, 4)):
+            assert chisquare_pvalue(generated[:, columns], marginal(joint, columns)) > ALPHA, (prompt, columns)
