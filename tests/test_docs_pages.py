@@ -518,6 +518,19 @@ def _heads(**config):
     return MedusaForCausalLM.from_base(tiny_model("llama", seed=0), MedusaConfig(**config))
 
 
+def _heads_chain_on_recurrent_bases() -> bool:
+    """Heads of every type on a base with recurrent layers propose a chain when no tree is given."""
+    import hf_specdec
+    from tests.recurrent_models import recurrent_model
+
+    base = recurrent_model("qwen3_5", 0)
+    trees = []
+    for head_type in ("medusa", "recurrent", "eagle", "eagle3"):
+        heads = hf_specdec.MedusaForCausalLM.from_base(base, hf_specdec.MedusaConfig(num_heads=2, head_type=head_type))
+        trees.append(heads._resolve_tree(None))
+    return all(t.is_chain if isinstance(t, hf_specdec.DraftTree) else t.top_k == 1 for t in trees)
+
+
 def _dynamic_tree_depth_is_num_heads() -> bool:
     from hf_specdec import DynamicTree
 
@@ -651,6 +664,7 @@ DOCUMENTED = [
         _medusa_default_tree,
     ),
     Documented("usage.md", r"\(`depth=`; default: `num_heads`\)", _dynamic_tree_depth_is_num_heads),
+    Documented("usage.md", r"That is their default on such a base \(`tree=None`\)", _heads_chain_on_recurrent_bases),
     Documented(
         "usage.md",
         r"- `\"(\w+)\"` \(default\): greedy output identical",

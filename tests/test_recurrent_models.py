@@ -122,6 +122,30 @@ def test_rolling_back_costs_no_forward() -> None:
     assert int(out.speculative.accepted_tokens.sum()) < int(out.speculative.drafted_tokens.sum())  # rejections
 
 
+HEAD_BASES = ("qwen3_5", "mamba2", "jamba", "falcon_h1", "nemotron_h", "lfm2", "granitemoehybrid")
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "recurrent", "eagle", "eagle3"])
+@pytest.mark.parametrize("model_type", HEAD_BASES)
+def test_heads_draft_chains_on_a_recurrent_base(model_type: str, head_type: str) -> None:
+    """Heads on a base with recurrent layers propose a chain by default (their top token at every depth)."""
+    base, _ = _models(model_type)
+    ids, mask = ragged_batch(3)
+    plain = base.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    try:
+        heads = hf_specdec.MedusaForCausalLM.from_base(base, hf_specdec.MedusaConfig(num_heads=3, head_type=head_type))
+    except ValueError as error:  # EAGLE's decoder is built from the base's family; EAGLE-3's takes its attention
+        assert head_type.startswith("eagle") and model_type in ("mamba2", "jamba"), error
+        return
+    for tree in (None, hf_specdec.DynamicTree(num_nodes=3, top_k=1)):
+        out = heads.generate(
+            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, medusa=True, tree=tree,
+            speculative_costs=COSTS, return_dict_in_generate=True,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain), tree
+        assert int(out.speculative.drafted_tokens.sum()) > 0 and out.speculative.plain_steps == 0
+
+
 @pytest.mark.parametrize("tree", [4, None])
 def test_trees_are_refused_before_any_forward(tree: int | None) -> None:
     target, draft = _models("qwen3_5")
@@ -137,7 +161,7 @@ def test_trees_are_refused_before_any_forward(tree: int | None) -> None:
     try:
         with pytest.raises(ValueError, match="verify chains of drafts only"):
             if tree is None:
-                heads.generate(ids, attention_mask=mask, max_new_tokens=4, medusa=True)
+                heads.generate(ids, attention_mask=mask, max_new_tokens=4, medusa=True, tree="small")
             else:
                 target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant=draft, tree=tree)
     finally:
@@ -180,15 +204,22 @@ def _sampling_model(seed: int, sharpen: float) -> Qwen3_5ForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("path", ["assistant", "lookup"])
+@pytest.mark.parametrize("path", ["assistant", "lookup", "heads"])
 def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
     target = hf_specdec.speculative(_sampling_model(0, 6.0))
     draft = _sampling_model(1, 6.0)
     prompts = ((1, 5, 2, 5, 2), (6, 4))  # the second left-padded; lookup finds the first's repeats
-    extra = {"assistant": draft, "num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant"}
+    extra: dict[str, Any] = {"assistant": draft, "num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant"}
+    model = target
     if path == "lookup":
         extra = {"prompt_lookup_num_tokens": 3}
-    samples, stats = sample_copies(target, prompts, SAMPLES, PAD, MAX_NEW, seed=7, speculative_costs=COSTS, **extra)
+    if path == "heads":  # untrained recurrent heads: a chain of their top tokens, each a point mass
+        torch.manual_seed(2)
+        model = hf_specdec.MedusaForCausalLM.from_base(
+            target, hf_specdec.MedusaConfig(num_heads=3, head_type="recurrent")
+        )
+        extra = {"medusa": True}
+    samples, stats = sample_copies(model, prompts, SAMPLES, PAD, MAX_NEW, seed=7, speculative_costs=COSTS, **extra)
     assert int(stats.drafted_tokens.sum()) > 0 and stats.plain_steps == 0
     assert int(stats.accepted_tokens.sum()) < int(stats.drafted_tokens.sum())  # rejections and rows that part
     for prompt, generated in zip(prompts, samples, strict=True):

@@ -33,8 +33,6 @@ class MedusaDrafter(LookupWhileWaiting):
             otherwise whole (a static tree is always verified whole).
     """
 
-    proposes_trees = True
-
     hidden_state_layers = (-1,)
 
     def __init__(
@@ -56,6 +54,9 @@ class MedusaDrafter(LookupWhileWaiting):
         device = context.target.device
         self.static = tree.row_trees(device) if isinstance(tree, DraftTree) else None
         self.max_depth = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
+        # A chain (the top candidate of every head), nothing grafted: every row's path is a prefix of its nodes.
+        chain = tree.is_chain if isinstance(tree, DraftTree) else tree.top_k == 1
+        self.proposes_trees = not chain or prompt_lookup is not None
         self.hidden: torch.Tensor | None = None  # (A, 1, H) the base's state that chose each row's last token
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
@@ -92,7 +93,7 @@ class MedusaDrafter(LookupWhileWaiting):
         nodes, trees, looked_up = graft_lookup(
             nodes, trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
         )
-        return Proposal(nodes, trees, looked_up=looked_up)  # drafted: the trees' depths
+        return Proposal(nodes, trees, looked_up=looked_up, chain=not self.proposes_trees)  # drafted: trees' depths
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the base's state at the last accepted node (the heads read it next), and let prompt lookup learn

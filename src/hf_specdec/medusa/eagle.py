@@ -39,7 +39,10 @@ DEFAULT_NUM_NODES = 16
 
 def eagle_tree(tree: DynamicTree | str | int | None, depth: int) -> DynamicTree:
     """The tree EAGLE heads grow for `generate(medusa=True, tree=...)`: a `DynamicTree` (depth `depth`, the
-    heads' own, when unset), `"dynamic"` or `None` (the defaults), or a number of nodes."""
+    heads' own, when unset), `"dynamic"` or `None` (the defaults), a number of nodes, or `"chain"`: the top token
+    at every depth (what a base with recurrent layers verifies)."""
+    if tree == "chain":
+        return DynamicTree(num_nodes=depth, depth=depth, top_k=1)
     if tree is None or tree == "dynamic":
         tree = DEFAULT_NUM_NODES
     if isinstance(tree, int) and not isinstance(tree, bool):
@@ -49,8 +52,8 @@ def eagle_tree(tree: DynamicTree | str | int | None, depth: int) -> DynamicTree:
     if isinstance(tree, DynamicTree):
         return tree if tree.depth is not None else DynamicTree(tree.num_nodes, depth, tree.top_k)
     raise ValueError(
-        f"EAGLE heads grow a tree per row and step: pass tree=<number of nodes>, 'dynamic' or a DynamicTree, not "
-        f"{tree!r} (static trees and presets are for Medusa and recurrent heads)."
+        f"EAGLE heads grow a tree per row and step: pass tree=<number of nodes>, 'dynamic', 'chain' or a "
+        f"DynamicTree, not {tree!r} (static trees and presets are for Medusa and recurrent heads)."
     )
 
 
@@ -136,7 +139,14 @@ def decoder_config(
     config.vocab_size = 1
     config.pad_token_id = None
     if getattr(config, "layer_types", None) is not None:
-        config.layer_types = ["full_attention"] * num_layers
+        try:
+            config.layer_types = ["full_attention"] * num_layers
+        except AttributeError as error:  # derived from other fields (Jamba's, Mamba's): no attention layer to build
+            raise ValueError(
+                f"EAGLE heads build their decoder layer from the base's own family with full attention, and "
+                f"{type(config).__name__} derives its layer types from other fields: use head_type='eagle3' (a "
+                "Llama layer of the base's width), or Medusa or recurrent heads."
+            ) from error
     for name in ("sliding_window", "use_sliding_window"):
         if hasattr(config, name):
             setattr(config, name, None if name == "sliding_window" else False)

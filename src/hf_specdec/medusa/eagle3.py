@@ -59,7 +59,12 @@ def eagle3_layer_config(
         raise ValueError(f"EAGLE-3 layers are one of {EAGLE3_LAYER_TYPES}, got {layer_type!r}.")
     text = base_config.get_text_config(decoder=True)
     hidden = text.hidden_size
-    heads = text.num_attention_heads
+    heads = getattr(text, "num_attention_heads", None)
+    if not isinstance(heads, int):
+        raise ValueError(
+            f"An EAGLE-3 head's layer takes the base's number of attention heads, and {type(text).__name__} has none "
+            "(a model without attention): use Medusa or recurrent heads."
+        )
     rope = getattr(text, "rope_parameters", None)
     theta = rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0
     width = intermediate_size or next(

@@ -68,8 +68,6 @@ class EagleDrafter(LookupWhileWaiting):
             whole.
     """
 
-    proposes_trees = True
-
     def __init__(
         self,
         context: DraftingContext,
@@ -81,6 +79,8 @@ class EagleDrafter(LookupWhileWaiting):
         if tree.depth is None:
             raise ValueError("EagleDrafter needs a DynamicTree with a depth (generate() sets the heads' own).")
         self.heads, self.tree, self.prompt_lookup, self.adaptive = heads, tree, prompt_lookup, adaptive
+        # A chain (the top token at every depth), nothing grafted: every row's path is a prefix of its nodes.
+        self.proposes_trees = tree.top_k > 1 or prompt_lookup is not None
         self.hidden_state_layers = heads.feature_layers
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
@@ -189,7 +189,8 @@ class EagleDrafter(LookupWhileWaiting):
         nodes, trees, looked_up = graft_lookup(
             grown.nodes, grown.trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
         )
-        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up)
+        chain = not self.proposes_trees
+        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, chain=chain)
 
     def propose_free(
         self,

@@ -81,6 +81,11 @@ class DraftTree:
         return RowTrees(*(t.to(device) for t in self._structure._tensors()))
 
     @property
+    def is_chain(self) -> bool:
+        """Whether every node has one child at most (a chain, numbered in order)."""
+        return self.num_nodes == self.depth + 1
+
+    @property
     def num_nodes(self) -> int:
         """Nodes including the root: the number of tokens one verification forward feeds."""
         return self.parents.numel()
