@@ -77,10 +77,10 @@ def measure(model: Qwen3_5ForCausalLM, batch: int, prompt: int, width: int, step
         start = time.perf_counter()
         model(input_ids=new, **call, logits_to_keep=0)
         middle = time.perf_counter()
-        seq.recurrent.fed(torch.ones(batch, width, dtype=torch.bool))
+        seq.recurrent.fed(None, width)
         seq.valid = torch.cat([seq.valid, torch.ones(batch, width, dtype=torch.bool)], dim=1)
         keep = torch.randint(1, width + 1, (batch,), generator=generator)
-        seq.keep_prefix(width, keep, int(keep.max()))
+        seq.keep_prefix(width, keep, int(keep.max()), real_kept=keep.tolist())  # as the loop decides
         end = time.perf_counter()
         timings["forward"].append(middle - start)
         timings["bookkeeping"].append(end - middle)

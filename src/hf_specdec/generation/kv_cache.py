@@ -409,7 +409,7 @@ class CachedSequence:
         outputs = self.model(
             **inputs, **self._call_arguments(mask, new_positions), output_hidden_states=output_hidden_states, **extra
         )
-        self.recurrent.fed(new_valid if new_valid is not None else _all_true(new_positions.shape, new_positions.device))
+        self.recurrent.fed(new_valid, width)
         if order is not None:
             outputs = _restore_order(outputs, order, logits_to_keep)
         if new_valid is None:
@@ -469,7 +469,9 @@ class CachedSequence:
             )
         return outputs
 
-    def keep_prefix(self, num_new: int, num_keep: torch.Tensor, keep_max: int | None = None) -> None:
+    def keep_prefix(
+        self, num_new: int, num_keep: torch.Tensor, keep_max: int | None = None, real_kept: list[int] | None = None
+    ) -> None:
         """Keep, for each row, the first `num_keep[b]` of the last `num_new` slots and drop the rest.
 
         Slots no row keeps are cropped from the cache; the others become holes in the rows that dropped them.
@@ -478,11 +480,13 @@ class CachedSequence:
             num_new (`int`): how many slots the last forward(s) appended and are now being decided.
             num_keep (`torch.LongTensor` of shape `(batch,)`): how many of them each row keeps, in `[0, num_new]`.
             keep_max (`int`, *optional*): `num_keep.max()`, when the caller has it already.
+            real_kept (`list[int]`, *optional*): `num_keep` on the host, when the caller knows every kept slot holds a
+                real token (a verified path): recurrent states are then copied row by row, not gathered.
         """
         if keep_max is None:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
         if self.recurrent is not None:
-            self.recurrent.keep(num_keep, num_new)
+            self.recurrent.keep(num_keep, num_new, real_kept)
         drop = num_new - keep_max
         if drop > 0:
             self._drop_last(drop)
@@ -536,6 +540,7 @@ class CachedSequence:
         num_keep: torch.Tensor,
         is_prefix: bool = False,
         keep_max: int | None = None,
+        real_kept: list[int] | None = None,
     ) -> None:
         """Keep, for each row, the slots of an accepted tree path, in path order, and drop the other nodes.
 
@@ -550,6 +555,7 @@ class CachedSequence:
             num_keep (`torch.LongTensor` of shape `(batch,)`): how many of `nodes` each row keeps.
             is_prefix (`bool`): the caller knows every row keeps a prefix of the new slots (a chain).
             keep_max (`int`, *optional*): `num_keep.max()`, when the caller has it already.
+            real_kept (`list[int]`, *optional*): `num_keep` on the host (see `keep_prefix`).
         """
         if keep_max is None:
             keep_max = int(num_keep.max()) if num_keep.numel() else 0
@@ -567,7 +573,7 @@ class CachedSequence:
             self.valid[:, start : start + keep_max] = self.valid[:, start:].gather(1, nodes)
             if self._windowed:
                 self.positions[:, start : start + keep_max] = self.positions[:, start:].gather(1, nodes)
-        self.keep_prefix(num_new, num_keep, keep_max)
+        self.keep_prefix(num_new, num_keep, keep_max, real_kept)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows of the batch (finished rows leave the batch and cost nothing more)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -30,12 +31,16 @@ from transformers.cache_utils import (
     Cache,
     DummyLayer,
     DynamicLayer,
-    LinearAttentionAndFullAttentionLayer,
-    LinearAttentionAndStaticFullAttentionLayer,
     LinearAttentionCacheLayerMixin,
-    LinearAttentionLayer,
     StaticLayer,
     get_layer_types_and_kwargs,
+)
+
+from hf_specdec.generation.recurrent_layers import (
+    RecordingLinearAttentionAndFullAttentionLayer,
+    RecordingLinearAttentionAndStaticFullAttentionLayer,
+    RecordingLinearAttentionLayer,
+    RecordsInPlace,
 )
 
 # Layer types (transformers' `layer_types` spelling) whose cache keeps a recurrent or convolution state.
@@ -108,12 +113,14 @@ def recurrent_cache(model: PreTrainedModel, capacity: int | None = None) -> Cach
     for kind, extra in zip(types, kwargs, strict=True):
         states = extra.get("number_of_states", 1)
         if kind in RECURRENT_LAYER_TYPES:
-            layers.append(LinearAttentionLayer(number_of_states=states))
+            layers.append(RecordingLinearAttentionLayer(number_of_states=states))
         elif kind in MIXED_LAYER_TYPES:
             layers.append(
-                LinearAttentionAndFullAttentionLayer(number_of_states=states)
+                RecordingLinearAttentionAndFullAttentionLayer(number_of_states=states)
                 if capacity is None
-                else LinearAttentionAndStaticFullAttentionLayer(max_cache_len=capacity, number_of_states=states)
+                else RecordingLinearAttentionAndStaticFullAttentionLayer(
+                    max_cache_len=capacity, number_of_states=states
+                )
             )
         elif kind in ATTENTION_LAYER_TYPES:
             layers.append(DynamicLayer() if capacity is None else StaticLayer(max_cache_len=capacity))
@@ -133,103 +140,162 @@ def valid_first(new_valid: torch.Tensor) -> torch.Tensor:
     return torch.argsort((~new_valid).to(torch.int8), dim=1, stable=True)
 
 
+@dataclass
+class _Forward:
+    """One recorded forward of `width` tokens: its validity `(B, width)` (each row's real tokens first; `None`: all
+    real), and per recurrent layer and state index the convolution's inputs `(B, C, kernel + width)` (the window
+    before, then the new columns). Its recurrent states are in the layers' buffers (`RecordsInPlace`)."""
+
+    width: int
+    valid: torch.Tensor | None
+    conv: list[dict[int, torch.Tensor]]
+
+
 class RecurrentStates:
     """The recurrent layers of a cache, with the state after every real token fed since the last decision.
 
-    Call `record(width)` before a forward of `width` tokens (after the first one) and `fed(new_valid)` after it;
-    `keep(columns)` gives each row the state after the tokens it keeps and forgets the rest.
+    Call `record(width)` before a forward of `width` tokens (after the first one) and `fed(new_valid, width)` after
+    it; `keep(num_keep, num_new)` gives each row the state after the tokens it keeps. Each layer keeps the state after
+    every column fed in the step in its buffer (`RecordsInPlace`): slot n, the state after n columns (the last, the
+    layer's own). A target's decision, right after its one verify forward, copies each row's state alone
+    (`real_kept`); a draft's, after several forwards, gathers them.
     """
 
     def __init__(self, cache: Cache, model_name: str) -> None:
         self.layers = [layer for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+        if not all(isinstance(layer, RecordsInPlace) for layer in self.layers):
+            raise TypeError("RecurrentStates records through the layers of `recurrent_cache`.")
         self.model_name = model_name
-        self.recording = False
-        # Per layer and state index: the convolution windows and recurrent states after each fed column, the state
-        # before them first, `(1 + columns, batch, ...)` per forward, and the validity of the fed columns `(B, F)`.
-        self._conv: list[dict[int, list[torch.Tensor]]] = [{} for _ in self.layers]
-        self._recurrent: list[dict[int, list[torch.Tensor]]] = [{} for _ in self.layers]
-        self._valid: list[torch.Tensor] = []
+        self._forwards: list[_Forward] = []
+
+    @property
+    def _fed_columns(self) -> int:
+        return sum(forward.width for forward in self._forwards)
 
     def record(self, width: int) -> None:
-        """Have the next forward (of `width` tokens) keep the state after each of them."""
-        self.recording = True
+        """Have the next forward (of `width` tokens) record the state after each of them."""
+        if self._forwards:
+            self._close(self._forwards[-1])
         for layer in self.layers:
+            if not self._forwards:
+                layer.start_step()  # type: ignore[attr-defined]
             layer.record_past = True
             layer.recurrent_states_to_keep = width
-            layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
 
-    def fed(self, new_valid: torch.Tensor) -> None:
-        """Collect the states after each column of the forward just run `(batch, q)` of validity, its real tokens
-        first in every row, and take every row's state back to its last real token."""
-        width = new_valid.shape[1]
-        real = new_valid.long().sum(dim=1)  # (B,)
-        for index, layer in enumerate(self.layers):
+    def fed(self, new_valid: torch.Tensor | None, width: int) -> None:
+        """Take what the forward just run left (`new_valid` `(batch, width)`: its real tokens first in every row;
+        `None`: all real)."""
+        conv: list[dict[int, torch.Tensor]] = []
+        columns = self._fed_columns + width
+        for layer in self.layers:
+            conv.append({})
             for i in range(layer.number_of_states):
                 if layer.is_conv_states_initialized[i]:
-                    conv = layer.conv_states[i]  # (B, C, kernel + q): the window before, then the new inputs
-                    kernel = layer.conv_kernel_size[i]
-                    windows = conv.unfold(-1, kernel, 1)  # (B, C, q + 1, kernel): the window after 0..q tokens
-                    if windows.shape[2] != width + 1:
+                    inputs = layer.conv_states[i]  # (B, C, kernel + width)
+                    if inputs.shape[-1] != layer.conv_kernel_size[i] + width:
                         raise self._unrecorded()
-                    windows = windows.permute(2, 0, 1, 3)  # (q + 1, B, C, kernel)
-                    self._conv[index].setdefault(i, []).append(windows)
-                    layer.conv_states[i] = _rows_at(windows, real).contiguous()
-                if layer.is_recurrent_states_initialized[i]:
-                    history = layer.recurrent_states_history[i]
-                    if len(history) != width:  # the layer stepped only some tokens one by one
-                        raise self._unrecorded()
-                    states = torch.stack([*history, layer.recurrent_states[i]])  # (q + 1, B, ...)
-                    self._recurrent[index].setdefault(i, []).append(states)
-                    layer.recurrent_states[i].copy_(_rows_at(states, real))
-                    layer.recurrent_states_history[i] = []
-        self._valid.append(new_valid)
+                    conv[-1][i] = inputs
+                    layer.conv_states[i] = inputs[..., width:]  # rows whose tokens are all real: their window
+                if layer.is_recurrent_states_initialized[i] and layer.recorded[i] != columns:  # type: ignore[attr-defined]
+                    raise self._unrecorded()  # the layer stepped only some tokens one by one
+        self._forwards.append(_Forward(width, new_valid, conv))
 
-    def keep(self, num_keep: torch.Tensor, num_new: int) -> None:
+    def _close(self, forward: _Forward) -> None:
+        """Before the next forward of the step: take each row back to its last real token of `forward` (the last
+        forward recorded), so that padding never enters a row's state."""
+        if forward.valid is None:
+            return
+        real = forward.valid.long().sum(dim=1)  # (B,)
+        start = self._fed_columns - forward.width
+        for number, layer in enumerate(self.layers):
+            for i in self._recurrent_indices(layer):
+                states = self._states(layer, i, start)  # (1 + width, B, ...)
+                layer.recurrent_states[i].copy_(_rows_at(states, real))
+            for i, inputs in forward.conv[number].items():
+                layer.conv_states[i] = _rows_at(_windows(inputs, layer.conv_kernel_size[i]), real).contiguous()
+
+    def keep(self, num_keep: torch.Tensor, num_new: int, real_kept: list[int] | None = None) -> None:
         """Give each row the state after the tokens it keeps: of the last `num_new` columns fed since the last
         decision, the first `num_keep[b]` `(batch,)`, and every column before them (padding among them counts as
-        a column, not as a token)."""
-        if not self._valid:
+        a column, not as a token). `real_kept`: the same counts on the host, when the caller knows every kept column
+        holds a real token."""
+        if not self._forwards:
             return
-        valid = torch.cat(self._valid, dim=1)  # (B, F)
+        if real_kept is not None and len(self._forwards) == 1 and num_new == self._forwards[0].width:
+            self._keep_each_row(self._forwards[0], real_kept)
+        else:
+            self._keep_gathered(num_keep, num_new)
+        self.forget()
+
+    def _keep_each_row(self, forward: _Forward, real_kept: list[int]) -> None:
+        """`keep` after one forward, each row's count known: copy each row's state, or leave it where it is last."""
+        for number, layer in enumerate(self.layers):
+            for i in self._recurrent_indices(layer):
+                for row, count in enumerate(real_kept):
+                    if count < forward.width:
+                        layer.recurrent_states[i][row].copy_(layer.buffers[i][count, row])  # type: ignore[attr-defined]
+            for i, inputs in forward.conv[number].items():
+                kernel = layer.conv_kernel_size[i]
+                layer.conv_states[i] = torch.stack(
+                    [inputs[row, :, count : count + kernel] for row, count in enumerate(real_kept)]
+                )
+
+    def _keep_gathered(self, num_keep: torch.Tensor, num_new: int) -> None:
+        """`keep` from every recorded state, indexed on the device."""
+        device = num_keep.device
+        valid = torch.cat(
+            [
+                f.valid
+                if f.valid is not None
+                else torch.ones(num_keep.shape[0], f.width, dtype=torch.bool, device=device)
+                for f in self._forwards
+            ],
+            dim=1,
+        ).to(device)  # (B, F)
         if num_new > valid.shape[1]:
             raise ValueError(
                 f"{self.model_name}: a decision reaches back past the tokens whose recurrent states were recorded."
             )
-        columns = valid.shape[1] - num_new + num_keep.to(valid.device)  # (B,)
-        offsets = torch.arange(valid.shape[1], device=valid.device)
+        columns = valid.shape[1] - num_new + num_keep  # (B,)
+        offsets = torch.arange(valid.shape[1], device=device)
         count = valid.long().cumsum(dim=1)  # (B, F) real tokens up to each column
         kept = torch.where(offsets[None, :] < columns[:, None], valid, False).long().sum(dim=1)  # (B,)
         # The state after row b's kept-th real token: after the column holding it (the state before the step: 0).
         column = (count < kept[:, None]).long().sum(dim=1)  # (B,) the column of that token
         index = torch.where(kept > 0, column + 1, 0)
         for number, layer in enumerate(self.layers):
-            for i, parts in self._conv[number].items():
-                layer.conv_states[i] = _rows_at(_after_columns(parts), index).contiguous()
-            for i, parts in self._recurrent[number].items():
-                layer.recurrent_states[i].copy_(_rows_at(_after_columns(parts), index))
-        self.forget()
+            for i in self._recurrent_indices(layer):
+                layer.recurrent_states[i].copy_(_rows_at(self._states(layer, i, 0), index))
+            for i in self._forwards[0].conv[number]:
+                kernel = layer.conv_kernel_size[i]
+                windows = [_windows(f.conv[number][i], kernel) for f in self._forwards]
+                windows = torch.cat([windows[0][:1], *(w[1:] for w in windows)], dim=0)  # (1 + F, B, C, kernel)
+                layer.conv_states[i] = _rows_at(windows, index).contiguous()
+
+    def _states(self, layer: LinearAttentionCacheLayerMixin, i: int, start: int) -> torch.Tensor:
+        """The states `(1 + columns, B, ...)` after columns `start`, `start + 1`, ... of the step, the last the
+        layer's own."""
+        recorded = layer.buffers[i][start : layer.recorded[i]]  # type: ignore[attr-defined]
+        return torch.cat([recorded, layer.recurrent_states[i][None]], dim=0)
+
+    @staticmethod
+    def _recurrent_indices(layer: LinearAttentionCacheLayerMixin) -> list[int]:
+        return [i for i in range(layer.number_of_states) if layer.is_recurrent_states_initialized[i]]
 
     def forget(self) -> None:
-        """Drop the recorded states (after a decision, or a forward whose states no row can go back to)."""
-        self._conv = [{} for _ in self.layers]
-        self._recurrent = [{} for _ in self.layers]
-        self._valid = []
-
-    def pending(self) -> bool:
-        """Whether tokens were fed since the last decision."""
-        return bool(self._valid)
+        """Drop the step's record (after a decision)."""
+        self._forwards = []
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows of the batch (between steps: nothing recorded)."""
+        if self._forwards:
+            raise ValueError("Rows leave the batch between steps, after the decision on the last one.")
         for layer in self.layers:
             for i in range(layer.number_of_states):
                 if layer.is_conv_states_initialized[i]:
                     layer.conv_states[i] = layer.conv_states[i][rows]
                 if layer.is_recurrent_states_initialized[i]:
                     layer.recurrent_states[i] = layer.recurrent_states[i][rows]
-        self._valid = [valid[rows] for valid in self._valid]
-        self._conv = [{i: [p[:, rows] for p in parts] for i, parts in d.items()} for d in self._conv]
-        self._recurrent = [{i: [p[:, rows] for p in parts] for i, parts in d.items()} for d in self._recurrent]
 
     def drop(self, tokens: int) -> None:
         """Count `tokens` fewer in the layers' token counters (slots cropped from every row's cache)."""
@@ -240,11 +306,14 @@ class RecurrentStates:
         return ValueError(_UNRECORDED.format(name=self.model_name))
 
 
-def _after_columns(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The states `(1 + F, B, ...)` before a step and after each column it fed, from each forward's `(1 + q, B,
-    ...)` (a later forward's first entry, its rows' state before it, is the earlier one's at their last real
-    token: dropped)."""
-    return torch.cat([parts[0][:1], *(part[1:] for part in parts)], dim=0)
+def _windows(inputs: torch.Tensor, kernel: int) -> torch.Tensor:
+    """The convolution windows `(1 + width, B, C, kernel)` before a forward and after each of its columns, of its
+    inputs `(B, C, kernel + width)`."""
+    return inputs.unfold(-1, kernel, 1).permute(2, 0, 1, 3)
+
+
+def _rows(index: torch.Tensor) -> torch.Tensor:
+    return torch.arange(index.shape[0], device=index.device)
 
 
 def _rows_at(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -276,8 +276,9 @@ class DecodingRun:
             self.recorder.record(buffer.active_rows, outcome.emitted, path_scores, path_logits)
         stream(streamer, outcome)
         self.target.keep_path(
-            trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain, keep_max=outcome.max_accepted + 1
-        )
+            trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain, keep_max=outcome.max_accepted + 1,
+            real_kept=[accepted + 1 for accepted in outcome.num_accepted],
+        )  # fmt: skip
         self.target.maybe_compact()
         hidden = None
         if verified.hidden is not None:  # the target's last hidden state at every node of the accepted path
