@@ -70,6 +70,19 @@ def test_chains_give_plain_greedy_tokens(model_type: str, path: str, batch: int)
         assert int(out.speculative.drafted_tokens.sum()) > 0
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_5", "falcon_h1", "mamba2", "lfm3"])
+def test_a_static_cache_gives_plain_greedy_tokens(model_type: str) -> None:
+    target, draft = _models(model_type)
+    ids, mask = ragged_batch(3)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    for extra in ({"assistant": draft}, {"prompt_lookup_num_tokens": 3}):
+        out = target.generate(
+            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, cache_implementation="static",
+            speculative_costs=COSTS, **extra,
+        )  # fmt: skip
+        assert torch.equal(out, plain), extra
+
+
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_classes_without_recorded_states_are_refused_with_the_reason(model_type: str) -> None:
     target = hf_specdec.speculative(recurrent_model(model_type, 0))
@@ -229,3 +242,56 @@ def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
         joint = exact_joint(target, prompt, sampling_warpers(1.0, None, None), VOCAB, MAX_NEW)
         for columns in (slice(0, 2), slice(1, 3), slice(2, 4)):
             assert chisquare_pvalue(generated[:, columns], marginal(joint, columns)) > ALPHA, (prompt, columns)
+
+
+# Random inputs ------------------------------------------------------------------------------------------------
+
+
+def _random_case(seed: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A model type, inputs (1-4 left-padded rows of 1-16 tokens, an EOS the target emits or none, 1-20 new
+    tokens, a dynamic or static cache) and a chain path with random settings, from `seed`."""
+    import random
+
+    rng = random.Random(seed)
+    model_type = rng.choice(SUPPORTED)
+    target, draft = _models(model_type)
+    batch = rng.randint(1, 4)
+    lengths = [rng.randint(1, 16) for _ in range(batch)]
+    width = max(lengths)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, 96, (batch, width), generator=generator)
+    if rng.random() < 0.5:  # repeats in the prompts: prompt lookup finds them
+        ids = torch.cat([ids[:, : width // 2 + 1]] * 2, dim=1)[:, :width]
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        mask[row, width - length :] = 1
+    ids = ids.masked_fill(mask == 0, 0)
+    inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": rng.randint(1, 20)}
+    if rng.random() < 0.3:
+        inputs["cache_implementation"] = "static"
+    if rng.random() < 0.5:  # an EOS the target emits, so that rows finish at different steps
+        plain = target.generate(**inputs, do_sample=False)
+        inputs["eos_token_id"] = int(plain[rng.randrange(batch), rng.randint(width, plain.shape[1] - 1)])
+    path = rng.choice(["assistant", "lookup", "assistant+lookup", "early_exit"])
+    extra: dict[str, Any] = {"speculative_costs": COSTS}
+    if "assistant" in path:
+        extra.update(assistant=draft, num_assistant_tokens=rng.randint(1, 8))
+        extra["num_assistant_tokens_schedule"] = rng.choice(["constant", "heuristic"])
+    if "lookup" in path:
+        extra.update(prompt_lookup_num_tokens=rng.randint(1, 6), max_matching_ngram_size=rng.randint(1, 3))
+    if path == "early_exit":
+        extra.update(assistant_early_exit=1, num_assistant_tokens=rng.randint(1, 6))
+    return model_type, inputs, extra
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_inputs_give_plain_greedy_tokens(seed: int) -> None:
+    model_type, inputs, extra = _random_case(seed)
+    target, _ = _models(model_type)
+    plain = target.generate(**inputs, do_sample=False)
+    try:
+        out = target.generate(**inputs, do_sample=False, **extra)
+    except ValueError as error:  # a cut whose config keeps per-layer lists of the whole model (Zamba2's)
+        assert "assistant_early_exit" in str(error) and "assistant_early_exit" in extra, error
+        return
+    assert torch.equal(out, plain), (model_type, {k: v for k, v in extra.items() if k != "assistant"})

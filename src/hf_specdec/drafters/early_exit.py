@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from hf_specdec.generation.model_class import original_class
+from hf_specdec.generation.recurrent import has_recurrent_layers, recurrent_cache
 
 
 def early_exit_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
@@ -65,4 +66,6 @@ def _cut(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
             module.register_buffer(attribute, model.get_buffer(name), persistent=persistent)
     draft.generation_config = copy.deepcopy(model.generation_config)
     draft.eval()
+    if has_recurrent_layers(draft):
+        recurrent_cache(draft)  # a cut whose config no longer describes its layers is refused here
     return draft

@@ -109,6 +109,12 @@ def recurrent_cache(model: PreTrainedModel, capacity: int | None = None) -> Cach
     models), static ones of `capacity` slots when given."""
     config = model.config.get_text_config(decoder=True)
     types, kwargs = get_layer_types_and_kwargs(config)
+    if len(types) != len(kwargs):
+        raise ValueError(
+            f"{type(model).__name__}'s config gives {len(types)} layer types for {len(kwargs)} layers, so its cache "
+            "cannot be laid out (a model cut to its first layers by `assistant_early_exit` whose config keeps other "
+            "per-layer lists): draft with another model."
+        )
     layers = []
     for kind, extra in zip(types, kwargs, strict=True):
         states = extra.get("number_of_states", 1)
