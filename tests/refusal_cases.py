@@ -59,7 +59,7 @@ DRAFT_PATHS = ("assistant", "tree", "hybrid")  # with a draft model
 SPECULATIVE_PATHS = ("assistant", "tree", "lookup", "hybrid")  # `speculative(model).generate(...)`
 MEDUSA_PATHS = ("medusa", "medusa-dynamic", "medusa-lookup")
 LOOKUP_PATHS = ("lookup", "hybrid", "medusa-lookup")  # with prompt lookup
-TREE_PATHS = ("tree", *MEDUSA_PATHS)  # verifying trees
+TREE_PATHS = ("tree", "medusa-dynamic", "medusa-lookup")  # verifying trees (`medusa`: heads default to a chain there)
 
 # How each path's messages name it ("... cannot be combined with `assistant=`").
 PATH_NAMES = {

@@ -153,3 +153,55 @@ def test_the_commands_refuse_packing_where_it_cannot_run(capsys) -> None:
     assert_refused(["demo", "--pack-linears", "--dtype", "bfloat16"], capsys, "--dtype float32")
     assert_refused(["bench", "--pack-linears", "--dtype", "bfloat16"], capsys, "--dtype float32")
     assert_refused(["bench", "--pack-linears", "--dtype", "float32", "--compile"], capsys, "drop --compile")
+
+
+def test_weights_changed_in_place_under_inference_mode_are_packed_again() -> None:
+    rows = torch.randn(3, 64)
+    with torch.inference_mode():
+        layer = nn.Linear(64, 32)  # inference tensors: no version counter
+        pack_linears(layer)
+        layer(rows)
+        layer.weight.add_(1.0)
+        assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-4)
+    layer = nn.Linear(64, 32)
+    pack_linears(layer)
+    layer(rows)
+    with torch.inference_mode():
+        layer.weight.mul_(-2.0)
+        assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-4)
+    layer.weight.data += 0.5  # `.data`: no version bump
+    assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-4)
+
+
+def test_a_parametrized_weight_is_read_at_every_forward() -> None:
+    from torch.nn.utils import parametrize
+
+    class Scale(nn.Module):
+        factor = 1.0
+
+        def forward(self, weight: torch.Tensor) -> torch.Tensor:
+            return weight * self.factor
+
+    layer = nn.Linear(256, 256)
+    pack_linears(layer)
+    rows = torch.randn(3, 256)
+    layer(rows)
+    scale = Scale()
+    parametrize.register_parametrization(layer, "weight", scale)  # a new tensor per access, often at a reused address
+    for factor in torch.linspace(0.5, 2.0, 20).tolist():
+        scale.factor = factor
+        assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-4)
+
+
+def test_a_merged_lora_adapter_is_read_by_a_packed_model() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_model("llama", seed=0)
+    pack_linears(model)
+    ids, mask = ragged_batch(2, seed=2)
+    _logits(model, ids, mask)  # packs every layer
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    merged = peft_model.merge_and_unload()
+    packed = _logits(merged, ids, mask)
+    unpack_linears(merged)
+    assert torch.allclose(packed, _logits(merged, ids, mask), atol=1e-4, rtol=1e-4)

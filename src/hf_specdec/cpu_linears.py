@@ -11,20 +11,28 @@ tokens for about the price of one.
 
 The packed copy is kept beside each layer's weights (as much memory again for those layers; `packed=False` runs
 oneDNN over the weights as they are, with no copy, slower for a few rows), made at the layer's first forward and
-again when its weights are replaced, moved or changed in place (not through `.data`, as PEFT's adapter merge does:
-call `pack_linears` again after such a change). Forwards that need gradients, and inputs other than float32 on the
-CPU, run `torch.nn.functional.linear` as before.
+again when its weights are replaced (another tensor, whatever its address), moved, or changed in place: through
+their version counter, and, for changes it does not count (under `torch.inference_mode()`, through `.data` as
+PEFT's adapter merges write), through a sample of the weights compared at every forward (`SAMPLE` of them, spread
+over the matrix: a change of a few weights that misses them all is not seen; call `pack_linears` again after one).
+Forwards that need gradients, inputs other than float32 on the CPU, and layers with a parametrized weight (computed
+anew at every access) run `torch.nn.functional.linear` as before.
 """
 
 from __future__ import annotations
 
 import functools
 import platform
+import weakref
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
+
+# Weights of a layer compared at every forward with those its packed copy was made from.
+SAMPLE = 64
 
 
 class PackedLinear(nn.Linear):
@@ -33,7 +41,7 @@ class PackedLinear(nn.Linear):
 
     packed: bool
     _pack: torch.Tensor | None
-    _pack_key: tuple | None
+    _pack_key: tuple | None  # (a weak reference to the weights packed, their version, a sample of them)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._onednn_runs(input):
@@ -48,7 +56,7 @@ class PackedLinear(nn.Linear):
         tensors = (input, self.weight) if self.bias is None else (input, self.weight, self.bias)
         if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
             return False
-        if input.dim() == 0 or input.numel() == 0:
+        if input.dim() == 0 or input.numel() == 0 or parametrize.is_parametrized(self):
             return False
         return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
@@ -59,12 +67,19 @@ class PackedLinear(nn.Linear):
         weight = self.weight
         try:
             version = weight._version
-        except RuntimeError:  # made under torch.inference_mode(): no version counter, and never changed in place
+        except RuntimeError:  # made under torch.inference_mode(): no version counter (the sample tells)
             version = -1
-        key = (weight.data_ptr(), version)
-        if self._pack is None or self._pack_key != key:
+        sample = _sample(weight)
+        key = self._pack_key
+        if (
+            self._pack is None
+            or key is None
+            or key[0]() is not weight
+            or key[1] != version
+            or not torch.equal(key[2], sample)
+        ):
             self._pack = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            self._pack_key = key
+            self._pack_key = (weakref.ref(weight), version, sample)
         return self._pack
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> PackedLinear:
@@ -76,6 +91,13 @@ class PackedLinear(nn.Linear):
         """Copies and pickles leave the packed weights out (oneDNN's packed tensors cannot be copied): packed again
         at their first forward."""
         return {**super().__getstate__(), "_pack": None, "_pack_key": None}
+
+
+def _sample(weight: torch.Tensor) -> torch.Tensor:
+    """A copy of `SAMPLE` of a matrix's entries spread over all of it (every entry of a small one)."""
+    flat = weight.detach().reshape(-1)
+    step = max(1, flat.numel() // SAMPLE)
+    return flat[::step][:SAMPLE].clone()
 
 
 def packs_by_default() -> bool:
