@@ -386,6 +386,24 @@ def _inputs_embeds(models: Models, path: str) -> Any:
     return models.generate(path)(inputs_embeds=embeds, attention_mask=ragged_batch(2)[1], max_new_tokens=4)
 
 
+def gemma3n() -> PreTrainedModel:
+    """A tiny Gemma-3n (two AltUp streams in its hidden states)."""
+    from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3nTextConfig(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=64, hidden_size_per_layer_input=8,
+        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=16, num_kv_shared_layers=0,
+        laurel_rank=4, altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0], **_SPECIAL,
+    )  # fmt: skip
+    return Gemma3nForCausalLM(config).eval()
+
+
+def _heads_on_gemma3n(models: Models, path: str) -> Any:
+    return MedusaForCausalLM.from_base(models.shared(gemma3n), MedusaConfig(num_heads=2))
+
+
 def _heads_for_another_base(models: Models, path: str) -> Any:
     narrower = llama_like(models.target, hidden_size=32)
     return MedusaForCausalLM(narrower, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=VOCAB))
@@ -611,6 +629,8 @@ CASES: tuple[Case, ...] = (
     Case("one-token-window", MODELS, "a target with a one-token sliding window", PATHS, _target(one_token_window)),
     Case("flex-attention", MODELS, "a target loaded with `attn_implementation='flex_attention'`", PATHS,
          _target(_flex_attention)),
+    Case("heads-on-altup-streams", MODELS, "heads on a Gemma-3n base (AltUp streams in its hidden states)",
+         ("medusa",), _heads_on_gemma3n),
     Case("heads-for-another-base", MODELS,
          "Medusa heads on a base of another hidden size (`MedusaForCausalLM(base, config)`)", ("medusa",),
          _heads_for_another_base),

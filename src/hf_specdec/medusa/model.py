@@ -118,6 +118,13 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
                 "last hidden state through the lm_head, so they cannot draft for this base. Draft with a draft model "
                 "(`assistant=`) or prompt lookup instead."
             )
+        streams = getattr(base.config.get_text_config(decoder=True), "altup_num_inputs", None)
+        if isinstance(streams, int) and streams > 1:
+            raise ValueError(
+                f"{type(base).__name__} keeps {streams} AltUp streams in its hidden states and merges them only inside "
+                "its own output layer, so heads, which draft from the base's hidden states, cannot draft for it. "
+                "Draft with a draft model (`assistant=`) or prompt lookup instead."
+            )
         config.hidden_size = config.hidden_size or hidden
         config.vocab_size = config.vocab_size or vocab
         if (config.hidden_size, config.vocab_size) != (hidden, vocab):
