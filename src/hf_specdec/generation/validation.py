@@ -216,7 +216,12 @@ def check_generation_config(
                 "transformers' own decoding."
             )
     if config.use_cache is False:
-        raise ValueError("Speculative decoding rolls the KV cache back and forth: `use_cache=False` cannot apply.")
+        raise ValueError(
+            "`use_cache=False` (passed to `generate()`, or saved in the model's `generation_config.json`) cannot "
+            "apply: speculative decoding rolls its caches back and forth. Pass `use_cache=True`, or set "
+            "`model.generation_config.use_cache = True` for a saved one (plain decoding gives the same tokens "
+            "either way)."
+        )
     if config.cache_implementation not in (None, "dynamic", *STATIC_CACHE_IMPLEMENTATIONS):
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported with {path}: speculative "
