@@ -115,3 +115,28 @@ def test_assistant_vocab_without_an_assistant(pair) -> None:
     target, _ = pair
     with pytest.raises(ValueError, match="pass a draft model too"):
         target.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=2, assistant_vocab=[1, 2])
+
+
+class _Broken(LlamaForCausalLM):
+    """A model whose own forward fails on any input (as some configs' do), or only on 4D masks."""
+
+    only_4d_masks = False
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
+        kwargs.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        mask = attention_mask
+        if not self.only_4d_masks or (isinstance(mask, torch.Tensor) and mask.dim() == 4):
+            raise RuntimeError("shape mismatch in the model's own layers")
+        return super().forward(**kwargs)
+
+
+@pytest.mark.parametrize("only_4d_masks", [False, True])
+def test_a_failing_forward_is_blamed_on_what_fails(only_4d_masks: bool) -> None:
+    torch.manual_seed(0)
+    model = _Broken(tiny_model("llama", seed=0).config).eval()
+    model.only_4d_masks = only_4d_masks
+    target = hf_specdec.speculative(model)
+    ids, mask = ragged_batch(2)
+    message = "the custom 4D attention mask" if only_4d_masks else "own forward fails on these inputs"
+    with pytest.raises(ValueError, match=message):
+        target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, prompt_lookup_num_tokens=3)

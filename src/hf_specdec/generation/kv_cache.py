@@ -458,6 +458,12 @@ class CachedSequence:
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, IndexError, TypeError) as error:
+            if _own_forward_fails(self.model, inputs):
+                raise ValueError(
+                    f"{name}'s own forward fails on these inputs, without anything speculative decoding passes "
+                    f"({type(error).__name__}: {error}): plain `generate()` fails on them too. Check the model's "
+                    "config and weights."
+                ) from error
             raise ValueError(
                 f"{name} cannot run a forward with the custom 4D attention mask, positions and cache that speculative "
                 f"decoding passes ({type(error).__name__}: {error}). Decode this model with plain `generate()`."
@@ -760,6 +766,16 @@ def _own_outputs(outputs: CausalLMOutputWithPast, width: int, pad: int) -> Causa
     if outputs.hidden_states is not None:
         outputs.hidden_states = tuple(None if h is None else h[:, :width].clone() for h in outputs.hidden_states)
     return outputs
+
+
+def _own_forward_fails(model: PreTrainedModel, inputs: dict) -> bool:
+    """Whether `model`'s forward fails on `inputs` alone (no mask, positions or cache of ours): then the model, not
+    what speculative decoding passes, is what fails."""
+    try:
+        model(**inputs)
+    except (RuntimeError, IndexError, TypeError, ValueError):
+        return True
+    return False
 
 
 def _reorder_structure(structure: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
