@@ -74,7 +74,7 @@ def decode(
         acceptance (`str`): `"exact"` (greedy identity, or the target's exact distribution when sampling) or
             `"typical"` (Medusa's typical acceptance when sampling: faster, **lossy**).
         typical_epsilon, typical_delta: the typical acceptance's threshold and entropy factor.
-        streamer (`BaseStreamer`, *optional*): receives each step's committed tokens (batch size 1).
+        streamer (`BaseStreamer`, *optional*): receives the tokens as plain decoding puts them: `(batch,)` per position.
         generator (`torch.Generator`, *optional*): randomness for sampling, for reproducible runs.
         continue_cache (`bool`): whether `model_kwargs["cache"]` is the caller's (`cache=` / `past_key_values=`):
             the loop continues from it and leaves it as plain decoding would (`Continuation`). Otherwise the cache

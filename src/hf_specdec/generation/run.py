@@ -36,6 +36,7 @@ from hf_specdec.generation.processing import RaggedLogitsProcessor, verification
 from hf_specdec.generation.readback import HostReads, StepOutcome
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.step_clock import StepClock
+from hf_specdec.generation.streaming import PlainOrderStream
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.trees.masks import chain_structure
 from hf_specdec.trees.row_trees import RowTrees
@@ -146,6 +147,7 @@ class DecodingRun:
         self.costs = costs
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)
+        self.stream: PlainOrderStream | None = None  # set by `prefill` when the caller streams
         # The target's hidden states the drafter reads (its last one, or a few layers'), never every layer's.
         self.hidden_states: list[int] | bool = list(self.drafter.hidden_state_layers) or False
         self.continuation = continuation
@@ -160,6 +162,9 @@ class DecodingRun:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, streamer: BaseStreamer | None) -> None:
         """Prefill the target (and the drafter) on the prompts; the target's last logits give the first token."""
         valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
+        if streamer is not None:
+            pad = self.generation_config._pad_token_tensor
+            self.stream = PlainOrderStream(streamer, input_ids.shape[0], int(pad) if pad is not None else 0)
         done = 0  # columns the caller's cache holds already
         if self.continuation is not None:
             self.continuation.seed(self.target, positions)
@@ -191,7 +196,8 @@ class DecodingRun:
         self.outcome = self.reads.step_outcome(torch.zeros_like(emitted), emitted, finished, 0, first[:, None])
         buffer.settle(self.outcome.tokens)
         self.recorder.record(buffer.active_rows, self.outcome.emitted, scores, logits)
-        stream(streamer, self.outcome)
+        if self.stream is not None:
+            self.stream.step(buffer.active_rows, self.outcome)
         self.drafter.start(first, self._drafter_states(out))
         self.last_token = first
         self.next_position = positions[:, -1] + 2
@@ -274,7 +280,8 @@ class DecodingRun:
         buffer.settle(outcome.tokens)
         if self.recorder.keep_scores or self.recorder.keep_logits:
             self.recorder.record(buffer.active_rows, outcome.emitted, path_scores, path_logits)
-        stream(streamer, outcome)
+        if self.stream is not None:
+            self.stream.step(buffer.active_rows, outcome)
         self.target.keep_path(
             trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain, keep_max=outcome.max_accepted + 1,
             real_kept=[accepted + 1 for accepted in outcome.num_accepted],
@@ -335,8 +342,8 @@ class DecodingRun:
         `return_dict_in_generate=True`)."""
         self.counts.write(self.stats)
         self.stats.costs = self.costs.estimated
-        if streamer is not None:
-            streamer.end()
+        if self.stream is not None:
+            self.stream.end()
         config, buffer, recorder = self.generation_config, self.buffer, self.recorder
         pad = config._pad_token_tensor
         sequences = buffer.sequences(int(pad) if pad is not None else 0)
@@ -362,9 +369,3 @@ def choose_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generat
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
     return scores.argmax(dim=-1)
-
-
-def stream(streamer: BaseStreamer | None, outcome: StepOutcome) -> None:
-    """Send row 0's committed tokens of this step to the streamer (streamers take batch size 1)."""
-    if streamer is not None:
-        streamer.put(torch.tensor(outcome.tokens[0], dtype=torch.long))
