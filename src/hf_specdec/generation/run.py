@@ -163,8 +163,7 @@ class DecodingRun:
         """Prefill the target (and the drafter) on the prompts; the target's last logits give the first token."""
         valid, positions = attention_mask.bool(), prompt_positions(attention_mask)
         if streamer is not None:
-            pad = self.generation_config._pad_token_tensor
-            self.stream = PlainOrderStream(streamer, input_ids.shape[0], int(pad) if pad is not None else 0)
+            self.stream = PlainOrderStream(streamer)
         done = 0  # columns the caller's cache holds already
         if self.continuation is not None:
             self.continuation.seed(self.target, positions)
@@ -197,7 +196,7 @@ class DecodingRun:
         buffer.settle(self.outcome.tokens)
         self.recorder.record(buffer.active_rows, self.outcome.emitted, scores, logits)
         if self.stream is not None:
-            self.stream.step(buffer.active_rows, self.outcome)
+            self.stream.advance(buffer)
         self.drafter.start(first, self._drafter_states(out))
         self.last_token = first
         self.next_position = positions[:, -1] + 2
@@ -281,7 +280,7 @@ class DecodingRun:
         if self.recorder.keep_scores or self.recorder.keep_logits:
             self.recorder.record(buffer.active_rows, outcome.emitted, path_scores, path_logits)
         if self.stream is not None:
-            self.stream.step(buffer.active_rows, outcome)
+            self.stream.advance(buffer)
         self.target.keep_path(
             trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain, keep_max=outcome.max_accepted + 1,
             real_kept=[accepted + 1 for accepted in outcome.num_accepted],
@@ -309,7 +308,7 @@ class DecodingRun:
         scores, logits = verified.scores, verified.logits
         if proposal.chain:
             return scores, logits
-        if not (self.recorder.keep_scores or self.recorder.keep_logits or self.buffer.criteria):
+        if not (self.recorder.keep_scores or self.recorder.keep_logits or self.buffer.needs_scores):
             return None, None
         on_path = path_nodes.clamp_min(0)[:, :, None].expand(-1, -1, scores.shape[-1])  # (A, D+1, V)
         return scores.gather(1, on_path), logits.gather(1, on_path)
@@ -343,7 +342,7 @@ class DecodingRun:
         self.counts.write(self.stats)
         self.stats.costs = self.costs.estimated
         if self.stream is not None:
-            self.stream.end()
+            self.stream.end(self.buffer)
         config, buffer, recorder = self.generation_config, self.buffer, self.recorder
         pad = config._pad_token_tensor
         sequences = buffer.sequences(int(pad) if pad is not None else 0)

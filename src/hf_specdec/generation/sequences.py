@@ -23,6 +23,8 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
+from hf_specdec.generation.criteria import LockstepCriteria
+
 # Stopping criteria that are pure functions of the prefix (or of the clock) and take any prefix: they may be
 # called on drafted tokens past where a row stops, whose answers are never read, so that the host reads nothing.
 _ANY_PREFIX = (StopStringCriteria, MaxTimeCriteria)
@@ -66,14 +68,20 @@ class TokenBuffer:
         self.active_rows = list(range(batch))
         self.host_tokens: list[list[int]] = input_ids.tolist()  # committed tokens only
         self.eos = eos_token_ids
-        self.criteria = StoppingCriteriaList(
-            c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))
-        )
-        self._criteria_any_prefix = all(type(c) in _ANY_PREFIX for c in self.criteria)
+        criteria = [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
         # Plain `generate()` pads stopped rows only when some criterion knows an EOS id.
         self.pads_stopped_rows = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
         pad = getattr(generation_config, "_pad_token_tensor", None)  # set by `generate()`
         self.pad_token_id = int(pad) if pad is not None else 0
+        # Criteria that are pure functions of a row's prefix are called on each row's own; any other (a user's,
+        # which may keep per-row settings or count its calls) as plain decoding calls it (`LockstepCriteria`).
+        self.lockstep: LockstepCriteria | None = None
+        if any(type(c) not in _ANY_PREFIX for c in criteria):
+            shown = self.pad_token_id if self.pads_stopped_rows else None
+            self.lockstep = LockstepCriteria(StoppingCriteriaList(criteria), prompt, batch, shown)
+            criteria = []
+        self.criteria = StoppingCriteriaList(criteria)
+        self._criteria_any_prefix = all(type(c) in _ANY_PREFIX for c in self.criteria)
         # Without padding: the length at which each row first stopped (max_length while it has not).
         self.stopped_at = torch.full((batch,), max_length, dtype=torch.long, device=input_ids.device)
         self.stopped = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
@@ -137,11 +145,51 @@ class TokenBuffer:
         if self.criteria and self.pads_stopped_rows:  # every row: a criterion may stop it before its EOS or limit
             counts, stopped = self._apply_criteria(lengths, counts, scores, torch.ones_like(finished))
             finished |= stopped
+        if self.lockstep is not None:
+            return self._commit_lockstep(lengths, counts, finished, scores)
         self.lengths[self.active] = lengths + counts
         self._active_lengths = None
         if self.criteria and not self.pads_stopped_rows:
             counts, finished = self._stop_together(lengths, counts, scores)
         return counts, finished
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether stopping criteria read the scores that chose each token."""
+        return bool(self.criteria) or self.lockstep is not None
+
+    def _commit_lockstep(
+        self, lengths: torch.Tensor, counts: torch.Tensor, finished: torch.Tensor, scores: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`commit` with criteria called as plain decoding calls them (`LockstepCriteria`): the new lengths are read,
+        the criteria called at every position all running rows have reached, and rows they stop cut back (rows
+        that left the batch included)."""
+        assert self.lockstep is not None
+        rows, old = self.active_rows, self.active_host_lengths
+        new_lengths = lengths + counts
+        new, ended = new_lengths.tolist(), finished.tolist()
+        self.lengths[self.active] = new_lengths
+        self._active_lengths = None
+        self.lockstep.committed(rows, old, new, ended, scores)
+        running = [row for row, done in zip(rows, ended, strict=True) if not done]
+        for row, length in self.lockstep.check(self.tokens, running, flush=not running).items():
+            self.lengths[row] = length
+            if row not in rows:  # it left the batch: its host copy is cut here (active rows' by `settle`)
+                self.host_lengths[row] = length
+                self.host_tokens[row] = self.host_tokens[row][:length]
+        emitted = self.lengths[self.active] - lengths
+        done = [self.lockstep.ended[row] is not None for row in rows]
+        return emitted, torch.tensor(done, device=lengths.device)
+
+    @property
+    def confirmed(self) -> int:
+        """The length up to which every row's tokens are final (no criterion can cut them any more), from the
+        host's lengths."""
+        if self.lockstep is not None:
+            return self.lockstep.checked
+        if self.active_rows:
+            return min(self.host_lengths[row] for row in self.active_rows)
+        return max(self.host_lengths)
 
     def _stop_together(
         self, lengths: torch.Tensor, counts: torch.Tensor, scores: torch.Tensor | None

@@ -1,0 +1,98 @@
+"""A user's stopping criteria see what plain `generate()` shows them, on every path and at any batch size: one call
+per position on the whole batch, rows in their places (padded once finished), in plain decoding's order; so
+criteria with one setting per row, in loop or tensor form, and criteria that count their calls stop rows where
+plain decoding stops them."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+import hf_specdec
+from tests.tiny_models import ragged_batch, tiny_model, tiny_target
+
+
+class StopOnToken(StoppingCriteria):
+    """Stop row i when its last token is `stops[i]` (a loop over rows, or one tensor comparison)."""
+
+    def __init__(self, stops: list[int], tensor_form: bool) -> None:
+        self.stops, self.tensor_form = stops, tensor_form
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        if self.tensor_form:
+            return input_ids[:, -1] == torch.tensor(self.stops)
+        return torch.tensor([int(input_ids[i, -1]) == self.stops[i] for i in range(input_ids.shape[0])])
+
+
+class RowBudgets(StoppingCriteria):
+    """Stop row i after `budgets[i]` new tokens."""
+
+    def __init__(self, prompt: int, budgets: list[int]) -> None:
+        self.prompt, self.budgets = prompt, budgets
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return input_ids.shape[1] - self.prompt >= torch.tensor(self.budgets)
+
+
+class CountingCalls(StoppingCriteria):
+    """Stop every row at the `stop_at`-th call, recording every call's shapes."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.stop_at, self.calls = stop_at, []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        self.calls.append((tuple(input_ids.shape), input_ids[:, -1].tolist()))
+        return torch.full((input_ids.shape[0],), len(self.calls) >= self.stop_at, dtype=torch.bool)
+
+
+@functools.cache
+def _models() -> tuple[Any, Any, Any]:
+    target = tiny_target("llama")
+    heads = hf_specdec.MedusaForCausalLM.from_base(target, hf_specdec.MedusaConfig(num_heads=2))
+    return target, tiny_model("llama", seed=1, num_layers=1), heads
+
+
+PATHS = {
+    "assistant": lambda draft: {"assistant": draft},
+    "tree": lambda draft: {"assistant": draft, "tree": 4},
+    "lookup": lambda draft: {"prompt_lookup_num_tokens": 3},
+    "assistant+lookup": lambda draft: {"assistant": draft, "prompt_lookup_num_tokens": 3},
+    "heads": lambda draft: {"medusa": True},
+}
+
+
+def _criteria(kind: str, batch: int, prompt: int, plain_tokens: torch.Tensor) -> StoppingCriteria:
+    """A fresh criterion of `kind` for rows whose plain greedy continuations are `plain_tokens` `(batch, n)`."""
+    if kind in ("row tokens", "row tokens, tensor"):
+        stops = [int(plain_tokens[b, 2 + 3 * b]) for b in range(batch)]  # each row its own token, reached late
+        return StopOnToken(stops, tensor_form=kind.endswith("tensor"))
+    if kind == "row budgets":
+        return RowBudgets(prompt, [3 + 4 * b for b in range(batch)])
+    return CountingCalls(stop_at=7)
+
+
+@pytest.mark.parametrize("eos", [False, True])
+@pytest.mark.parametrize("kind", ["row tokens", "row tokens, tensor", "row budgets", "counting calls"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_criteria_see_plains_calls(path: str, batch: int, kind: str, eos: bool) -> None:
+    target, draft, heads = _models()
+    ids, mask = ragged_batch(3, seed=5)
+    ids, mask = ids[:batch], mask[:batch]
+    settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 16, "do_sample": False}
+    if not eos:  # no EOS id: plain decoding keeps extending stopped rows until every row has stopped
+        settings["eos_token_id"] = None
+    reference = target.generate(ids, **settings)[:, ids.shape[1] :]
+    expected_criteria = _criteria(kind, batch, ids.shape[1], reference)
+    expected = target.generate(ids, stopping_criteria=StoppingCriteriaList([expected_criteria]), **settings)
+    criteria = _criteria(kind, batch, ids.shape[1], reference)
+    model = heads if path == "heads" else target
+    extra = {"speculative_costs": hf_specdec.SpeculativeCosts(0.0, 0.0), **PATHS[path](draft)}
+    out = model.generate(ids, stopping_criteria=StoppingCriteriaList([criteria]), **settings, **extra)
+    assert torch.equal(out, expected)
+    if isinstance(criteria, CountingCalls):
+        assert criteria.calls == expected_criteria.calls
