@@ -596,6 +596,16 @@ class CachedSequence:
         if self._windowed:
             self.positions = self.positions[rows]
 
+    def fork(self, copies: int) -> None:
+        """Repeat every row `copies` times, in place (row b becomes rows `b * copies` to `b * copies + copies - 1`):
+        a tree's paths verified as rows of their own on a model with recurrent layers (`generation.branches`)."""
+        rows = torch.arange(self.valid.shape[0], device=self.valid.device).repeat_interleave(copies)
+        self.select_rows(rows)
+
+    def join(self, rows: torch.Tensor) -> None:
+        """After `fork` and a forward: keep one of each row's copies, `rows` `(batch,)` (with what it recorded)."""
+        self.select_rows(rows)
+
     def maybe_compact(self) -> None:
         """Compact once holes make up a quarter of the slots (and at least `MIN_WASTE` slots): attention pays
         for every slot, a hole or not, while a compaction costs one copy of the cache.

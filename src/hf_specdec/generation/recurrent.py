@@ -293,15 +293,21 @@ class RecurrentStates:
         self._forwards = []
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only the given rows of the batch (between steps: nothing recorded)."""
-        if self._forwards:
-            raise ValueError("Rows leave the batch between steps, after the decision on the last one.")
-        for layer in self.layers:
+        """Keep the given rows of the batch, in this order (repeated rows: copies), with what they recorded since
+        the last decision."""
+        for number, layer in enumerate(self.layers):
             for i in range(layer.number_of_states):
                 if layer.is_conv_states_initialized[i]:
                     layer.conv_states[i] = layer.conv_states[i][rows]
                 if layer.is_recurrent_states_initialized[i]:
                     layer.recurrent_states[i] = layer.recurrent_states[i][rows]
+                    if self._forwards:
+                        layer.buffers[i] = layer.buffers[i][:, rows]  # type: ignore[attr-defined]
+            for forward in self._forwards:
+                forward.conv[number] = {i: inputs[rows] for i, inputs in forward.conv[number].items()}
+        for forward in self._forwards:
+            if forward.valid is not None:
+                forward.valid = forward.valid[rows]
 
     def drop(self, tokens: int) -> None:
         """Count `tokens` fewer in the layers' token counters (slots cropped from every row's cache)."""

@@ -20,6 +20,7 @@ from hf_specdec.generation.acceptance import (
     sample_accept_tree,
     typical_accept_tree,
 )
+from hf_specdec.generation.branches import Branches, branches
 from hf_specdec.generation.continuation import Continuation
 from hf_specdec.generation.decisions import CostModel, SpeculationGate
 from hf_specdec.generation.drafter import (
@@ -30,7 +31,7 @@ from hf_specdec.generation.drafter import (
     Proposal,
     chain_proposal,
 )
-from hf_specdec.generation.kv_cache import RECURRENT_TREES, CachedSequence, static_capacity, wants_compile
+from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.outputs import ScoreRecorder, SpeculativeDecoderOnlyOutput, SpeculativeStats, StepCounts
 from hf_specdec.generation.processing import RaggedLogitsProcessor, verification_scores
 from hf_specdec.generation.readback import HostReads, StepOutcome
@@ -142,12 +143,11 @@ class DecodingRun:
             generation_config,
         )  # fmt: skip
         self.drafter = make_drafter(context)
-        if self.drafter.proposes_trees and self.target.recurrent is not None:
-            raise ValueError(RECURRENT_TREES.format(name=type(model).__name__))
         self.costs = costs
         self.gate = SpeculationGate(costs, enabled=plain_steps)
         self.clock = StepClock(device)
         self.stream: PlainOrderStream | None = None  # set by `prefill` when the caller streams
+        self.branches: Branches | None = None  # a step's trees verified path by path (recurrent targets)
         # The target's hidden states the drafter reads (its last one, or a few layers'), never every layer's.
         self.hidden_states: list[int] | bool = list(self.drafter.hidden_state_layers) or False
         self.continuation = continuation
@@ -238,7 +238,7 @@ class DecodingRun:
         """One target forward over every node under the trees' ancestor mask."""
         nodes, trees = proposal.nodes, proposal.trees
         if not proposal.chain and self.target.recurrent is not None:
-            raise ValueError(RECURRENT_TREES.format(name=type(self.model).__name__))
+            return self._verify_branches(proposal)
         positions = (self.next_position[:, None] - 1 + trees.depths).clamp_max(self.buffer.max_length - 1)
         out = self.target.forward(
             nodes, trees.real, positions, trees.ancestors, output_hidden_states=self.hidden_states
@@ -248,6 +248,23 @@ class DecodingRun:
             self.processors, self.buffer, nodes, logits, trees, self.do_sample, chain=proposal.chain
         )
         return Verified(logits, scores, self._drafter_states(out))
+
+    def _verify_branches(self, proposal: Proposal) -> Verified:
+        """`verify` of trees on a target with recurrent layers: each root-to-leaf path a row of its own, verified
+        as chains in one forward, each node's scores read off a path that holds it (`generation.branches`)."""
+        nodes, trees = proposal.nodes, proposal.trees
+        cut = branches(nodes, trees, self.next_position, self.buffer.max_length - 1)
+        self.target.fork(cut.num_paths)
+        width = cut.tokens.shape[1]
+        out = self.target.forward(
+            cut.tokens, cut.valid, cut.positions, chain_structure(width, nodes.device),
+            output_hidden_states=self.hidden_states,
+        )  # fmt: skip
+        self.branches = cut
+        logits = cut.node_states(out.logits.float())  # (A, N, V)
+        scores = verification_scores(self.processors, self.buffer, nodes, logits, trees, self.do_sample, chain=False)
+        hidden = self._drafter_states(out)
+        return Verified(logits, scores, None if hidden is None else cut.node_states(hidden))
 
     def _drafter_states(self, out: CausalLMOutputWithPast) -> torch.Tensor | None:
         """The target's hidden states the drafter reads, concatenated (`None` when it reads none)."""
@@ -281,10 +298,18 @@ class DecodingRun:
             self.recorder.record(buffer.active_rows, outcome.emitted, path_scores, path_logits)
         if self.stream is not None:
             self.stream.advance(buffer)
-        self.target.keep_path(
-            trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain, keep_max=outcome.max_accepted + 1,
-            real_kept=[accepted + 1 for accepted in outcome.num_accepted],
-        )  # fmt: skip
+        real_kept = [accepted + 1 for accepted in outcome.num_accepted]
+        if self.branches is not None:  # each row keeps the path holding its accepted node: a chain in that row
+            self.target.join(self.branches.kept_rows(last_node))
+            self.target.keep_prefix(
+                self.branches.tokens.shape[1], num_accepted + 1, outcome.max_accepted + 1, real_kept
+            )
+            self.branches = None
+        else:
+            self.target.keep_path(
+                trees.num_nodes, path_nodes, num_accepted + 1, is_prefix=proposal.chain,
+                keep_max=outcome.max_accepted + 1, real_kept=real_kept,
+            )  # fmt: skip
         self.target.maybe_compact()
         hidden = None
         if verified.hidden is not None:  # the target's last hidden state at every node of the accepted path
