@@ -35,8 +35,6 @@ from transformers import (
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
-    Lfm2Config,
-    Lfm2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MambaConfig,
@@ -59,7 +57,6 @@ DRAFT_PATHS = ("assistant", "tree", "hybrid")  # with a draft model
 SPECULATIVE_PATHS = ("assistant", "tree", "lookup", "hybrid")  # `speculative(model).generate(...)`
 MEDUSA_PATHS = ("medusa", "medusa-dynamic", "medusa-lookup")
 LOOKUP_PATHS = ("lookup", "hybrid", "medusa-lookup")  # with prompt lookup
-TREE_PATHS = ("tree", "medusa-dynamic", "medusa-lookup")  # verifying trees (`medusa`: heads default to a chain there)
 
 # How each path's messages name it ("... cannot be combined with `assistant=`").
 PATH_NAMES = {
@@ -151,22 +148,6 @@ def rwkv() -> PreTrainedModel:
     torch.manual_seed(0)
     config = RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32, **_SPECIAL)
     return RwkvForCausalLM(config).eval()
-
-
-def lfm2() -> PreTrainedModel:
-    """A tiny hybrid of short convolutions and attention, declared by its `layer_types`."""
-    torch.manual_seed(0)
-    config = Lfm2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        layer_types=["conv", "full_attention"],
-        **_SPECIAL,
-    )
-    return Lfm2ForCausalLM(config).eval()
 
 
 def bloom() -> PreTrainedModel:
@@ -617,10 +598,7 @@ CASES: tuple[Case, ...] = (
     Case("encoder-decoder-target", MODELS, "an encoder-decoder target (T5)", PATHS, _target(t5)),
     Case("encoder-decoder-draft", MODELS, "an encoder-decoder draft (T5)", DRAFT_PATHS,
          _draft(lambda models: models.shared(t5))),
-    Case("mamba-target-trees", MODELS, "trees on a Mamba target (a recurrent state)", TREE_PATHS, _target(mamba)),
     Case("rwkv-target", MODELS, "an RWKV target (a recurrent state)", PATHS, _target(rwkv)),
-    Case("conv-layers-target-trees", MODELS, "trees on a target with convolution layers (LFM2's `layer_types`)",
-         TREE_PATHS, _target(lfm2)),
     Case("mamba-draft-tree", MODELS, "a Mamba draft growing a tree", ("tree",),
          _draft(lambda models: models.shared(mamba))),
     Case("rwkv-draft", MODELS, "an RWKV draft", DRAFT_PATHS, _draft(lambda models: models.shared(rwkv))),

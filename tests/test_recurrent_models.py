@@ -1,7 +1,8 @@
 """Models with recurrent layers (hybrids of linear attention, Mamba or short convolutions with attention, and pure
-state space models): every chain path gives plain greedy's tokens at batch 1 and on a left-padded batch of 3, in
-float32; sampling keeps the target's distribution; the rollback costs no forward; trees and the classes whose
-states transformers does not record are refused before any forward, with the reason."""
+state space models): every path gives plain greedy's tokens at batch 1 and on a left-padded batch of 3, in float32
+(chains, and trees verified path by path); sampling keeps the target's distribution; the rollback costs no forward;
+a recurrent draft growing a tree and the classes whose states transformers does not record are refused before any
+forward, with the reason."""
 
 from __future__ import annotations
 
@@ -142,8 +143,8 @@ HEADS_REFUSED = {("mamba2", "eagle"), ("mamba2", "eagle3"), ("jamba", "eagle"), 
 
 @pytest.mark.parametrize("head_type", ["medusa", "recurrent", "eagle", "eagle3"])
 @pytest.mark.parametrize("model_type", HEAD_BASES)
-def test_heads_draft_chains_on_a_recurrent_base(model_type: str, head_type: str) -> None:
-    """Heads on a base with recurrent layers propose a chain by default (their top token at every depth)."""
+def test_heads_draft_trees_and_chains_on_a_recurrent_base(model_type: str, head_type: str) -> None:
+    """Heads on a base with recurrent layers: their default tree, a chain, and a tree with prompt lookup grafted."""
     base, _ = _models(model_type)
     ids, mask = ragged_batch(3)
     plain = base.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
@@ -153,17 +154,36 @@ def test_heads_draft_chains_on_a_recurrent_base(model_type: str, head_type: str)
         assert (model_type, head_type) in HEADS_REFUSED, error
         return
     assert (model_type, head_type) not in HEADS_REFUSED
-    for tree in (None, hf_specdec.DynamicTree(num_nodes=3, top_k=1)):
+    chain = "chain" if head_type.startswith("eagle") else hf_specdec.DraftTree.chain(3)
+    for extra in ({}, {"tree": chain}, {"prompt_lookup_num_tokens": 3}):
         out = heads.generate(
-            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, medusa=True, tree=tree,
-            speculative_costs=COSTS, return_dict_in_generate=True,
+            ids, attention_mask=mask, max_new_tokens=12, do_sample=False, medusa=True, speculative_costs=COSTS,
+            return_dict_in_generate=True, **extra,
         )  # fmt: skip
-        assert torch.equal(out.sequences, plain), tree
+        assert torch.equal(out.sequences, plain), extra
         assert int(out.speculative.drafted_tokens.sum()) > 0 and out.speculative.plain_steps == 0
 
 
-@pytest.mark.parametrize("tree", [4, None])
-def test_trees_are_refused_before_any_forward(tree: int | None) -> None:
+@pytest.mark.parametrize("model_type", ["qwen3_5", "mamba", "jamba", "falcon_h1", "lfm3", "nemotron_h"])
+def test_a_draft_tree_is_verified_path_by_path(model_type: str) -> None:
+    """A draft of attention layers grows a tree; the target with recurrent layers verifies each root-to-leaf path
+    as a row of its own, in one forward."""
+    from tests.tiny_models import tiny_model
+
+    target, _ = _models(model_type)
+    draft = tiny_model("llama", seed=1, num_layers=1)
+    ids, mask = ragged_batch(3)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False)
+    for extra in ({"tree": 6}, {"tree": hf_specdec.DynamicTree(num_nodes=5, depth=3, top_k=2)}):
+        out = target.generate(
+            ids, attention_mask=mask, max_new_tokens=14, do_sample=False, assistant=draft, speculative_costs=COSTS,
+            return_dict_in_generate=True, **extra,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain), extra
+        assert out.speculative.plain_steps == 0
+
+
+def test_a_recurrent_draft_growing_a_tree_is_refused_before_any_forward() -> None:
     target, draft = _models("qwen3_5")
     forwards: list[str] = []
 
@@ -172,14 +192,10 @@ def test_trees_are_refused_before_any_forward(tree: int | None) -> None:
             forwards.append(type(module).__name__)
 
     ids, mask = ragged_batch(2)
-    heads = hf_specdec.MedusaForCausalLM.from_base(target, hf_specdec.MedusaConfig(num_heads=2))
     hook = register_module_forward_pre_hook(count)
     try:
-        with pytest.raises(ValueError, match="verify chains of drafts only"):
-            if tree is None:
-                heads.generate(ids, attention_mask=mask, max_new_tokens=4, medusa=True, tree="small")
-            else:
-                target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant=draft, tree=tree)
+        with pytest.raises(ValueError, match="cannot grow a tree"):
+            target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant=draft, tree=4)
     finally:
         hook.remove()
     assert not forwards
@@ -220,7 +236,21 @@ def _sampling_model(seed: int, sharpen: float) -> Qwen3_5ForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("path", ["assistant", "lookup", "heads"])
+def _attention_draft() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, eos_token_id=None, pad_token_id=PAD, bos_token_id=None,
+    )  # fmt: skip
+    draft = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(6.0)
+    return draft
+
+
+@pytest.mark.parametrize("path", ["assistant", "lookup", "heads", "heads tree", "draft tree"])
 def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
     target = hf_specdec.speculative(_sampling_model(0, 6.0))
     draft = _sampling_model(1, 6.0)
@@ -229,12 +259,14 @@ def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
     model = target
     if path == "lookup":
         extra = {"prompt_lookup_num_tokens": 3}
-    if path == "heads":  # untrained recurrent heads: a chain of their top tokens, each a point mass
+    if path.startswith("heads"):  # untrained recurrent heads: their top tokens, each a point mass
         torch.manual_seed(2)
         model = hf_specdec.MedusaForCausalLM.from_base(
             target, hf_specdec.MedusaConfig(num_heads=3, head_type="recurrent")
         )
-        extra = {"medusa": True}
+        extra = {"medusa": True, "tree": "small" if path == "heads tree" else "chain"}
+    if path == "draft tree":  # a draft of attention layers grows trees, sampled: their paths verified as rows
+        extra = {"assistant": _attention_draft(), "tree": hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2)}
     samples, stats = sample_copies(model, prompts, SAMPLES, PAD, MAX_NEW, seed=7, speculative_costs=COSTS, **extra)
     assert int(stats.drafted_tokens.sum()) > 0 and stats.plain_steps == 0
     assert int(stats.accepted_tokens.sum()) < int(stats.drafted_tokens.sum())  # rejections and rows that part
@@ -249,7 +281,8 @@ def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
 
 def _random_case(seed: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """A model type, inputs (1-4 left-padded rows of 1-16 tokens, an EOS the target emits or none, 1-20 new
-    tokens, a dynamic or static cache) and a chain path with random settings, from `seed`."""
+    tokens, a dynamic or static cache) and a path (chains, or trees an attention draft grows) with random settings,
+    from `seed`."""
     import random
 
     rng = random.Random(seed)
@@ -272,13 +305,18 @@ def _random_case(seed: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
     if rng.random() < 0.5:  # an EOS the target emits, so that rows finish at different steps
         plain = target.generate(**inputs, do_sample=False)
         inputs["eos_token_id"] = int(plain[rng.randrange(batch), rng.randint(width, plain.shape[1] - 1)])
-    path = rng.choice(["assistant", "lookup", "assistant+lookup", "early_exit"])
+    path = rng.choice(["assistant", "lookup", "assistant+lookup", "early_exit", "tree", "tree+lookup"])
     extra: dict[str, Any] = {"speculative_costs": COSTS}
     if "assistant" in path:
         extra.update(assistant=draft, num_assistant_tokens=rng.randint(1, 8))
         extra["num_assistant_tokens_schedule"] = rng.choice(["constant", "heuristic"])
     if "lookup" in path:
         extra.update(prompt_lookup_num_tokens=rng.randint(1, 6), max_matching_ngram_size=rng.randint(1, 3))
+    if path.startswith("tree"):
+        from tests.tiny_models import tiny_model
+
+        tree = hf_specdec.DynamicTree.at_most(rng.randint(2, 8), rng.randint(1, 4), rng.randint(1, 3))
+        extra.update(assistant=tiny_model("llama", seed=1, num_layers=1), tree=tree)
     if path == "early_exit":
         extra.update(assistant_early_exit=1, num_assistant_tokens=rng.randint(1, 6))
     return model_type, inputs, extra

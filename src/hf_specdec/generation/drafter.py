@@ -128,8 +128,8 @@ class Drafter(Protocol):
     hidden_state_layers: tuple[int, ...]
     #: The most drafted tokens one step's path can hold (room the token buffer keeps after `max_length`).
     max_depth: int
-    #: Whether its proposals may branch (else one chain per row, numbered in order: what a model with recurrent
-    #: layers can verify).
+    #: Whether its proposals may branch (else one chain per row, numbered in order, which a target with recurrent
+    #: layers verifies in place rather than path by path).
     proposes_trees: bool
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:

@@ -679,8 +679,9 @@ class CachedSequence:
 # Why a tree cannot be verified on a model with recurrent layers.
 RECURRENT_TREES = (
     "{name} keeps recurrent states (linear attention, state space or convolution layers), which read the tokens of "
-    "a forward in order, while a tree's branches are siblings: such models verify chains of drafts only. Draft "
-    "chains instead: `assistant=` without `tree=`, prompt lookup, or both."
+    "a forward in order, while a draft growing a tree is fed each depth's siblings side by side in one forward: it "
+    "cannot grow a tree. Draft chains with it (drop `tree=`), or grow the tree with a draft of attention layers "
+    "alone (a target with recurrent layers verifies trees)."
 )
 
 

@@ -29,7 +29,6 @@ from hf_specdec.generation.arguments import (
     withhold,
 )
 from hf_specdec.generation.inputs import check_generate_arguments
-from hf_specdec.generation.recurrent import has_recurrent_layers
 from hf_specdec.generation.validation import check_rollback, output_vocab_size
 from hf_specdec.medusa.card import model_card
 from hf_specdec.medusa.checkpoint import (
@@ -330,8 +329,6 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
     ) -> DraftTree | DynamicTree:
         check_tree_type(tree)
-        if tree is None and has_recurrent_layers(self.base):
-            tree = "chain"  # a base with recurrent layers verifies chains only (`generation.recurrent`)
         if isinstance(self.heads, SequenceHeads):
             return self._check_dynamic_tree(eagle_tree(tree, self.heads.num_heads))
         if isinstance(tree, DynamicTree) or tree == "dynamic":
