@@ -205,3 +205,14 @@ def test_a_merged_lora_adapter_is_read_by_a_packed_model() -> None:
     packed = _logits(merged, ids, mask)
     unpack_linears(merged)
     assert torch.allclose(packed, _logits(merged, ids, mask), atol=1e-4, rtol=1e-4)
+
+
+def test_weights_replaced_through_data_or_changed_off_the_first_column_are_packed_again() -> None:
+    rows = torch.randn(3, 64)
+    layer = nn.Linear(64, 128)  # sizes that are multiples of 64, as most layers' are
+    pack_linears(layer)
+    layer(rows)
+    layer.weight.data[:, 1:] *= 2.0  # every column but the first
+    assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-4)
+    layer.weight.data = torch.randn(128, 64)  # another tensor behind the same parameter
+    assert torch.allclose(layer(rows), nn.functional.linear(rows, layer.weight, layer.bias), atol=1e-4)

@@ -664,7 +664,7 @@ DOCUMENTED = [
         _medusa_default_tree,
     ),
     Documented("usage.md", r"\(`depth=`; default: `num_heads`\)", _dynamic_tree_depth_is_num_heads),
-    Documented("usage.md", r"That is their default on such a base \(`tree=None`\)", _heads_chain_on_recurrent_bases),
+    Documented("usage.md", r"that is their default on such a base \(`tree=None`\)", _heads_chain_on_recurrent_bases),
     Documented(
         "usage.md",
         r"- `\"(\w+)\"` \(default\): greedy output identical",

@@ -144,7 +144,7 @@ HEADS_REFUSED = {("mamba2", "eagle"), ("mamba2", "eagle3"), ("jamba", "eagle"), 
 @pytest.mark.parametrize("head_type", ["medusa", "recurrent", "eagle", "eagle3"])
 @pytest.mark.parametrize("model_type", HEAD_BASES)
 def test_heads_draft_trees_and_chains_on_a_recurrent_base(model_type: str, head_type: str) -> None:
-    """Heads on a base with recurrent layers: their default tree, a chain, and a tree with prompt lookup grafted."""
+    """Heads on a base with recurrent layers: their default there (a chain), trees, and trees with prompt lookup."""
     base, _ = _models(model_type)
     ids, mask = ragged_batch(3)
     plain = base.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
@@ -154,8 +154,8 @@ def test_heads_draft_trees_and_chains_on_a_recurrent_base(model_type: str, head_
         assert (model_type, head_type) in HEADS_REFUSED, error
         return
     assert (model_type, head_type) not in HEADS_REFUSED
-    chain = "chain" if head_type.startswith("eagle") else hf_specdec.DraftTree.chain(3)
-    for extra in ({}, {"tree": chain}, {"prompt_lookup_num_tokens": 3}):
+    tree = hf_specdec.DynamicTree(num_nodes=5, top_k=2) if head_type.startswith("eagle") else "small"
+    for extra in ({}, {"tree": tree}, {"tree": tree, "prompt_lookup_num_tokens": 3}):
         out = heads.generate(
             ids, attention_mask=mask, max_new_tokens=12, do_sample=False, medusa=True, speculative_costs=COSTS,
             return_dict_in_generate=True, **extra,
@@ -333,3 +333,59 @@ def test_random_inputs_give_plain_greedy_tokens(seed: int) -> None:
         assert "assistant_early_exit" in str(error) and "assistant_early_exit" in extra, error
         return
     assert torch.equal(out, plain), (model_type, {k: v for k, v in extra.items() if k != "assistant"})
+
+
+# The cache's bookkeeping ---------------------------------------------------------------------------------------
+
+
+def _sequence(model_type: str, batch: int, capacity: int | None = None) -> Any:
+    from hf_specdec.generation.kv_cache import CachedSequence
+    from hf_specdec.trees.masks import chain_structure
+
+    target, _ = _models(model_type)
+    seq = CachedSequence(target, batch, torch.device("cpu"), capacity=capacity)
+    prompt = torch.arange(4, 10).repeat(batch, 1)
+    seq.forward(prompt, None, torch.arange(6).expand(batch, -1), chain_structure(6, "cpu"), logits_to_keep=1)
+    return seq, target
+
+
+def _feed(seq: Any, tokens: list[int], start: int) -> torch.Tensor:
+    from hf_specdec.trees.masks import chain_structure
+
+    batch = seq.valid.shape[0]
+    ids = torch.tensor(tokens).repeat(batch, 1)
+    positions = (start + torch.arange(len(tokens))).expand(batch, -1)
+    return seq.forward(ids, None, positions, chain_structure(len(tokens), "cpu")).logits
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "jamba", "qwen3_5"])
+def test_keeping_no_token_of_a_forward_gives_back_the_state_before_it(model_type: str) -> None:
+    """Mamba's layers step the cache's own state in place during a forward: the state before it is kept first."""
+    seq, _ = _sequence(model_type, 2)
+    _feed(seq, [11, 12, 13], 6)
+    seq.keep_prefix(3, torch.zeros(2, dtype=torch.long), 0)
+    after = _feed(seq, [20], 6)
+    fresh, _ = _sequence(model_type, 2)
+    assert torch.allclose(after, _feed(fresh, [20], 6), atol=1e-5)
+
+
+def test_a_static_cache_of_a_hybrid_grows_when_a_forward_needs_room() -> None:
+    seq, _ = _sequence("qwen3_5", 2, capacity=8)
+    _feed(seq, [11, 12, 13, 14], 6)  # 10 slots in a cache of 8
+    assert seq.capacity >= 10 and seq.num_slots == 10
+
+
+def test_recording_buffers_do_not_grow_with_the_batch_changing() -> None:
+    """Rows leaving the batch, or a tree's paths as rows, change the batch at a step's start: the buffers are
+    allocated anew at the size needed, never doubled for it."""
+    seq, _ = _sequence("qwen3_5", 4)
+    for step in range(12):
+        if step % 2:
+            seq.fork(3)
+            _feed(seq, [11, 12, 13], 6)
+            seq.join(torch.arange(4) * 3)
+        else:
+            _feed(seq, [11, 12, 13], 6)
+        seq.keep_prefix(3, torch.ones(4, dtype=torch.long), 1, real_kept=[1] * 4)
+    sizes = [buffer.shape[0] for layer in seq.recurrent.layers for buffer in layer.buffers.values()]
+    assert sizes and max(sizes) <= 6

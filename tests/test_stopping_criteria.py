@@ -96,3 +96,69 @@ def test_criteria_see_plains_calls(path: str, batch: int, kind: str, eos: bool) 
     assert torch.equal(out, expected)
     if isinstance(criteria, CountingCalls):
         assert criteria.calls == expected_criteria.calls
+
+
+class RecordingScores(StoppingCriteria):
+    """Never stops; records what `scores` each call received."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        self.seen.append(None if scores is None else (type(scores).__name__, len(scores), tuple(scores[-1].shape)))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+@pytest.mark.parametrize("output_scores", [False, True])
+def test_criteria_get_plains_scores_argument(output_scores: bool) -> None:
+    target, draft, _ = _models()
+    ids, mask = ragged_batch(3, seed=5)
+    settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False}
+    settings.update(output_scores=output_scores, return_dict_in_generate=True)
+    plain, speculative = RecordingScores(), RecordingScores()
+    target.generate(ids, stopping_criteria=StoppingCriteriaList([plain]), **settings)
+    target.generate(ids, stopping_criteria=StoppingCriteriaList([speculative]), assistant=draft, **settings)
+    assert speculative.seen == plain.seen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rows_cut_back_by_criteria_stream_and_stop_as_in_plain(seed: int) -> None:
+    """A row a criterion stops before tokens it committed in earlier steps (a perfect draft runs ahead), while
+    another row has ended at its EOS further on: the sequences, the criterion's calls and the streamer's are
+    plain decoding's."""
+    import copy
+    import random
+
+    from tests.test_streamers import Recording
+
+    target, _, _ = _models()
+    rng = random.Random(seed)
+    ids, mask = ragged_batch(3, seed=seed)
+    settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": False}
+    free = target.generate(ids, **settings)[:, ids.shape[1] :]
+    settings["eos_token_id"] = int(free[0, rng.randint(2, 6)])
+    budgets = [rng.randint(1, 8) for _ in range(3)]
+    expected_criteria, criteria = CountingRows(ids.shape[1], budgets), CountingRows(ids.shape[1], budgets)
+    plain_stream, stream = Recording(), Recording()
+    expected = target.generate(
+        ids, stopping_criteria=StoppingCriteriaList([expected_criteria]), streamer=plain_stream, **settings
+    )
+    out = target.generate(
+        ids, stopping_criteria=StoppingCriteriaList([criteria]), streamer=stream, assistant=copy.deepcopy(target),
+        num_assistant_tokens=8, speculative_costs=hf_specdec.SpeculativeCosts(0.0, 0.0), **settings,
+    )  # fmt: skip
+    assert torch.equal(out, expected)
+    assert criteria.calls == expected_criteria.calls
+    assert stream.calls == plain_stream.calls
+
+
+class CountingRows(RowBudgets):
+    """`RowBudgets`, recording each call's shape."""
+
+    def __init__(self, prompt: int, budgets: list[int]) -> None:
+        super().__init__(prompt, budgets)
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        self.calls.append(tuple(input_ids.shape))
+        return super().__call__(input_ids, scores)

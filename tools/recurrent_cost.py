@@ -13,6 +13,8 @@ loop does, each followed by a decision that keeps a random number of them per ro
 and the bookkeeping's share of a step. Nothing else may run on the machine meanwhile.
 
     python tools/recurrent_cost.py --dtype bfloat16 --batch 1 --widths 1 2 4 8
+
+With `--tree small`, also a static tree of 4 heads verified path by path against a chain as deep.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import torch
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers import logging as transformers_logging
 
+from hf_specdec.generation.branches import branches
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.trees.masks import chain_structure
+from hf_specdec.trees.static import preset_tree
 
 SHAPE = {
     "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 3584, "num_attention_heads": 8,
@@ -89,6 +93,37 @@ def measure(model: Qwen3_5ForCausalLM, batch: int, prompt: int, width: int, step
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
+@torch.no_grad()
+def measure_tree(model: Qwen3_5ForCausalLM, batch: int, prompt: int, preset: str, steps: int) -> dict[str, float]:
+    """Median seconds of verifying a static tree (`preset`, 4 heads) path by path, as the decoding loop does on a
+    model with recurrent layers (`generation.branches`: the rows repeated per path, one forward, the accepted path's
+    row kept), against verifying a chain as deep."""
+    tree = preset_tree(preset, 4).row_trees().expand(batch)
+    depth = tree.depth + 1
+    timings: dict[str, list[float]] = {"tree": [], "chain": []}
+    for kind in ("tree", "chain"):
+        seq = CachedSequence(model, batch, torch.device("cpu"))
+        ids = torch.randint(10, 1000, (batch, prompt))
+        seq.forward(ids, None, torch.arange(prompt).expand(batch, -1), chain_structure(prompt, "cpu"), 1)
+        next_position = torch.full((batch,), prompt + 1)
+        for _ in range(steps):
+            start = time.perf_counter()
+            keep = torch.ones(batch, dtype=torch.long)  # the root: the cheapest decision, the same for both
+            if kind == "tree":
+                nodes = torch.randint(10, 1000, (batch, tree.num_nodes))
+                cut = branches(nodes, tree, next_position, 4095)
+                seq.fork(cut.num_paths)
+                seq.forward(cut.tokens, cut.valid, cut.positions, chain_structure(depth, "cpu"))
+                seq.join(cut.kept_rows(torch.zeros(batch, dtype=torch.long)))
+            else:
+                new_positions = (next_position[:, None] - 1 + torch.arange(depth)).contiguous()
+                seq.forward(torch.randint(10, 1000, (batch, depth)), None, new_positions, chain_structure(depth, "cpu"))
+            seq.keep_prefix(depth, keep, 1, real_kept=keep.tolist())
+            timings[kind].append(time.perf_counter() - start)
+            next_position = next_position + 1
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
 def _crop_attention(seq: CachedSequence, width: int) -> None:
     for layer in seq.cache.layers:
         if getattr(layer, "keys", None) is not None:
@@ -102,12 +137,16 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--tree", default=None, help="also time a static tree preset (small, medium) path by path")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     transformers_logging.set_verbosity_error()
     model = build(getattr(torch, args.dtype))
     print("| k | forward (s) | forward, unrecorded (s) | bookkeeping (s) | bookkeeping / step | step / k=1 step |")
     print("|---|---|---|---|---|---|")
+    if args.tree:
+        t = measure_tree(model, args.batch, args.prompt, args.tree, args.steps)
+        print(f"tree {args.tree!r} path by path: {t['tree']:.3f} s; a chain as deep: {t['chain']:.3f} s")
     base = None
     for width in args.widths:
         t = measure(model, args.batch, args.prompt, width, args.steps)

@@ -41,7 +41,7 @@ class PackedLinear(nn.Linear):
 
     packed: bool
     _pack: torch.Tensor | None
-    _pack_key: tuple | None  # (a weak reference to the weights packed, their version, a sample of them)
+    _pack_key: tuple | None  # (a weak reference to the weights packed, their address and version, a sample)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._onednn_runs(input):
@@ -75,11 +75,11 @@ class PackedLinear(nn.Linear):
             self._pack is None
             or key is None
             or key[0]() is not weight
-            or key[1] != version
+            or key[1] != (weight.data_ptr(), version)
             or not torch.equal(key[2], sample)
         ):
             self._pack = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            self._pack_key = (weakref.ref(weight), version, sample)
+            self._pack_key = (weakref.ref(weight), (weight.data_ptr(), version), sample)
         return self._pack
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> PackedLinear:
@@ -94,10 +94,20 @@ class PackedLinear(nn.Linear):
 
 
 def _sample(weight: torch.Tensor) -> torch.Tensor:
-    """A copy of `SAMPLE` of a matrix's entries spread over all of it (every entry of a small one)."""
+    """A copy of `SAMPLE` of a matrix's entries, at places spread over its rows and columns (every entry of a
+    small one)."""
     flat = weight.detach().reshape(-1)
-    step = max(1, flat.numel() // SAMPLE)
-    return flat[::step][:SAMPLE].clone()
+    return flat[_sample_places(flat.numel(), flat.device)]
+
+
+@functools.lru_cache(maxsize=256)
+def _sample_places(numel: int, device: torch.device) -> torch.Tensor:
+    """`SAMPLE` fixed places among `numel` entries, drawn once per size: a stride would fall in one column of most
+    matrices (their sizes are multiples of 64)."""
+    if numel <= SAMPLE:
+        return torch.arange(numel, device=device)
+    generator = torch.Generator().manual_seed(numel)
+    return torch.randint(numel, (SAMPLE,), generator=generator).to(device)
 
 
 def packs_by_default() -> bool:

@@ -2,13 +2,14 @@
 
 Plain decoding calls `stopping_criteria(input_ids, scores)` once per position, on the whole batch: `input_ids`
 `(batch, length)` with every row's tokens (the pad token after a row that has finished, when an EOS id is known),
-`scores` `(batch, vocab)` the processed scores that chose the position's tokens. A criterion may keep one setting
-per row (stop row i on its own token, a per-row budget) or count its calls. Rows of a speculative step commit
-several tokens each, and different numbers: `LockstepCriteria` keeps the scores of positions not yet checked, and
-once every running row has reached a position, calls the criteria there on the whole batch, as plain decoding
-would. A row a criterion stops is cut back to that position (the tokens it committed past it are dropped), so the
-result, the calls and their order are plain decoding's wherever the tokens are the same. The scores of a row that
-has finished are zeros (plain decoding passes what its model computes on the padding).
+`scores` `None`, or, when it returns its scores (`output_scores` with `return_dict_in_generate`), the tuple of every
+position's `(batch, vocab)` processed scores so far. A criterion may keep one setting per row (stop row i on its own
+token, a per-row budget) or count its calls. Rows of a speculative step commit several tokens each, and different
+numbers: `LockstepCriteria` keeps what it needs of positions not yet checked, and once every running row has reached
+a position, calls the criteria there on the whole batch, as plain decoding would. A row a criterion stops is cut
+back to that position (the tokens it committed past it are dropped), so the result, the calls and their order are
+plain decoding's wherever the tokens are the same. (A finished row's scores are zeros, where plain decoding passes
+what its model computes on the padding.)
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ class LockstepCriteria:
         batch (`int`): rows of the call.
         pad (`int` or `None`): the token shown after a row that has finished; `None` without an EOS id (plain
             decoding then keeps extending stopped rows, and shows their tokens).
+        keep_scores (`bool`): plain decoding passes its scores so far, a tuple of one `(batch, vocab)` tensor per
+            position, when it returns them (`output_scores` with `return_dict_in_generate`), else `None`.
     """
 
-    def __init__(self, criteria: StoppingCriteriaList, prompt: int, batch: int, pad: int | None) -> None:
+    def __init__(
+        self, criteria: StoppingCriteriaList, prompt: int, batch: int, pad: int | None, keep_scores: bool
+    ) -> None:
         self.criteria = criteria
+        self.keep_scores = keep_scores
         self.checked = prompt  # every position up to this one has been checked
+        self.first = prompt
         self.pad = pad
         self.lengths = [prompt] * batch  # each row's committed length, as known on the host
         self.ended: list[int | None] = [None] * batch  # where a row ended (EOS, length limit, a criterion)
@@ -46,7 +53,7 @@ class LockstepCriteria:
             self.lengths[row] = new[i]
             if ended[i] and self.ended[row] is None:
                 self.ended[row] = new[i]
-            if scores is None:
+            if scores is None or not self.keep_scores:
                 continue
             for j in range(new[i] - old[i]):
                 position = old[i] + j + 1
@@ -54,13 +61,14 @@ class LockstepCriteria:
                     self._scores[position] = scores.new_zeros(len(self.lengths), scores.shape[-1])
                 self._scores[position][row] = scores[i, j]
 
-    def check(self, tokens: torch.Tensor, running: list[int], flush: bool = False) -> dict[int, int]:
+    def check(self, tokens: torch.Tensor, running: list[int]) -> dict[int, int]:
         """Call the criteria at every position all `running` rows (original indices) have reached (every
-        remaining one with `flush`); returns the rows to cut back, with their new lengths."""
+        remaining one once no row runs); returns the rows to cut back, with their new lengths."""
         cuts: dict[int, int] = {}
         while True:
             position = self.checked + 1
-            if not flush and any(self.lengths[row] < position for row in running):
+            running = [row for row in running if self.ended[row] is None]  # a criterion may have ended some
+            if any(self.lengths[row] < position for row in running):
                 break  # a running row has not reached it: wait
             if all(end is not None and end < position for end in self.ended):
                 break  # every row ended before it: plain decoding has stopped calling
@@ -75,9 +83,11 @@ class LockstepCriteria:
         lengths = torch.tensor(self.lengths, device=view.device)
         if self.pad is not None:
             view.masked_fill_(torch.arange(position, device=view.device)[None, :] >= lengths[:, None], self.pad)
-        scores = self._scores.pop(position, None)
-        if scores is None:
-            scores = torch.zeros(len(self.lengths), 1, device=view.device)
+        scores = None
+        if self.keep_scores:  # every position's so far, as plain decoding's `scores` tuple
+            vocab = next((s.shape[-1] for s in self._scores.values()), 1)
+            zeros = torch.zeros(len(self.lengths), vocab, device=view.device)
+            scores = tuple(self._scores.get(p, zeros) for p in range(self.first + 1, position + 1))
         hits = self.criteria(view, scores).tolist()
         for row, hit in enumerate(hits):
             if not hit:

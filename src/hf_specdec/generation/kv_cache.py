@@ -389,6 +389,8 @@ class CachedSequence:
         padding after, see `valid_first`), the state after each token recorded, the outputs in the caller's order."""
         assert self.recurrent is not None
         width = new_positions.shape[1]
+        if self.capacity is not None:
+            self._make_room(width)
         order = None
         if new_valid is not None:
             order = valid_first(new_valid)  # (B, q)

@@ -185,6 +185,7 @@ class RecurrentStates:
         for layer in self.layers:
             if not self._forwards:
                 layer.start_step()  # type: ignore[attr-defined]
+            layer.snapshot()  # type: ignore[attr-defined]
             layer.record_past = True
             layer.recurrent_states_to_keep = width
 

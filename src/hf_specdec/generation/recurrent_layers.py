@@ -33,6 +33,15 @@ class RecordsInPlace:
         if not hasattr(self, "buffers"):
             self.buffers: dict[int, torch.Tensor] = {}
 
+    def snapshot(self) -> None:
+        """Before a forward: keep the state before its first token (some layers, Mamba's, step the cache's own
+        state in place during the forward, before handing it their per-token states)."""
+        for state_idx in range(self.number_of_states):
+            current = self.recurrent_states[state_idx]
+            if current is not None and self.is_recurrent_states_initialized[state_idx]:
+                start = self.recorded[state_idx]
+                self._buffer(state_idx, start + 1, current)[start].copy_(current)
+
     def update_recurrent_state(
         self, recurrent_states: torch.Tensor | list[torch.Tensor], state_idx: int = 0, **kwargs: object
     ) -> torch.Tensor:
@@ -45,9 +54,8 @@ class RecordsInPlace:
         last = recurrent_states if isinstance(recurrent_states, torch.Tensor) else recurrent_states[-1]
         current = self.recurrent_states[state_idx]
         assert current is not None
-        start = self.recorded[state_idx]
+        start = self.recorded[state_idx]  # slot `start` holds the state before this forward (`snapshot`)
         buffer = self._buffer(state_idx, start + 1 + len(history), current)
-        buffer[start].copy_(current)  # the state before this forward's first token
         for offset, state in enumerate(history):
             buffer[start + 1 + offset].copy_(state)
         self.recorded[state_idx] = start + 1 + len(history)
@@ -57,10 +65,13 @@ class RecordsInPlace:
     def _buffer(self, state_idx: int, slots: int, like: torch.Tensor) -> torch.Tensor:
         """The buffer of state `state_idx`, holding at least `slots` states (grown, keeping what it holds)."""
         buffer = self.buffers.get(state_idx)
-        if buffer is None or buffer.shape[0] < slots or buffer.shape[1:] != like.shape or buffer.dtype != like.dtype:
+        if buffer is not None and (buffer.shape[1:] != like.shape or buffer.dtype != like.dtype):
+            buffer = None  # another batch at a step's start (rows left, or a tree's paths): nothing to keep
+        if buffer is None or buffer.shape[0] < slots:
             grown = like.new_empty((max(slots, 2 * (0 if buffer is None else buffer.shape[0])), *like.shape))
-            if buffer is not None and buffer.shape[1:] == like.shape:
-                grown[: self.recorded[state_idx]] = buffer[: self.recorded[state_idx]]
+            if buffer is not None:  # the states recorded, and the one `snapshot` keeps after them
+                kept = min(buffer.shape[0], self.recorded[state_idx] + 1)
+                grown[:kept] = buffer[:kept]
             self.buffers[state_idx] = buffer = grown
         return buffer
 

@@ -78,7 +78,8 @@ class TokenBuffer:
         self.lockstep: LockstepCriteria | None = None
         if any(type(c) not in _ANY_PREFIX for c in criteria):
             shown = self.pad_token_id if self.pads_stopped_rows else None
-            self.lockstep = LockstepCriteria(StoppingCriteriaList(criteria), prompt, batch, shown)
+            keep = bool(generation_config.output_scores and generation_config.return_dict_in_generate)
+            self.lockstep = LockstepCriteria(StoppingCriteriaList(criteria), prompt, batch, shown, keep)
             criteria = []
         self.criteria = StoppingCriteriaList(criteria)
         self._criteria_any_prefix = all(type(c) in _ANY_PREFIX for c in self.criteria)
@@ -156,7 +157,7 @@ class TokenBuffer:
     @property
     def needs_scores(self) -> bool:
         """Whether stopping criteria read the scores that chose each token."""
-        return bool(self.criteria) or self.lockstep is not None
+        return bool(self.criteria) or (self.lockstep is not None and self.lockstep.keep_scores)
 
     def _commit_lockstep(
         self, lengths: torch.Tensor, counts: torch.Tensor, finished: torch.Tensor, scores: torch.Tensor | None
@@ -172,12 +173,13 @@ class TokenBuffer:
         self._active_lengths = None
         self.lockstep.committed(rows, old, new, ended, scores)
         running = [row for row, done in zip(rows, ended, strict=True) if not done]
-        for row, length in self.lockstep.check(self.tokens, running, flush=not running).items():
+        for row, length in self.lockstep.check(self.tokens, running).items():
             self.lengths[row] = length
-            if row not in rows:  # it left the batch: its host copy is cut here (active rows' by `settle`)
-                self.host_lengths[row] = length
-                self.host_tokens[row] = self.host_tokens[row][:length]
-        emitted = self.lengths[self.active] - lengths
+            # The host's copy, cut back where it holds more (a row that left the batch, or an active row cut before
+            # this step's tokens: `settle` appends the step's emitted tokens, none for it).
+            self.host_lengths[row] = min(self.host_lengths[row], length)
+            self.host_tokens[row] = self.host_tokens[row][:length]
+        emitted = (self.lengths[self.active] - lengths).clamp_min(0)
         done = [self.lockstep.ended[row] is not None for row in rows]
         return emitted, torch.tensor(done, device=lengths.device)
 

@@ -29,6 +29,7 @@ from hf_specdec.generation.arguments import (
     withhold,
 )
 from hf_specdec.generation.inputs import check_generate_arguments
+from hf_specdec.generation.recurrent import has_recurrent_layers
 from hf_specdec.generation.validation import check_rollback, output_vocab_size
 from hf_specdec.medusa.card import model_card
 from hf_specdec.medusa.checkpoint import (
@@ -329,6 +330,10 @@ class MedusaForCausalLM(nn.Module, PushToHubMixin):
         self, tree: DraftTree | DynamicTree | str | int | list[list[int]] | None
     ) -> DraftTree | DynamicTree:
         check_tree_type(tree)
+        if tree is None and has_recurrent_layers(self.base):
+            # A base with recurrent layers verifies a tree path by path (`generation.branches`): a 9-node tree costs
+            # it about 2.8x a chain as deep on a CPU, where an attention-only base pays about the same for both.
+            tree = "chain"
         if isinstance(self.heads, SequenceHeads):
             return self._check_dynamic_tree(eagle_tree(tree, self.heads.num_heads))
         if isinstance(tree, DynamicTree) or tree == "dynamic":
