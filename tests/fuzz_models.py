@@ -597,6 +597,8 @@ class Case:
     heads: dict[str, Any] | None = None  # MedusaConfig fields + noise, seed, token_ids
     path_kwargs: dict[str, Any] = field(default_factory=dict)  # trees encoded, see `_decode_tree`
     costs: list[float] = field(default_factory=lambda: [0.0, 0.0])  # speculative_costs=SpeculativeCosts(*costs)
+    # A user's stopping criterion and a recording streamer, compared call by call with plain's (see `Callbacks`).
+    callbacks: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -822,6 +824,59 @@ def _mtp_kwargs(rng: random.Random, case: Case, kw: dict[str, Any]) -> None:
         kw["prompt_lookup_num_tokens"] = rng.randint(1, 10)
 
 
+def _draw_callbacks(seed: str, size: int, batch: int) -> dict[str, Any] | None:
+    """A quarter of the cases get a stopping criterion (a token per row, in loop or tensor form; a budget per row; or
+    one that counts its calls) and a recording streamer, drawn from their own generator (the rest of a case is as
+    it was drawn without them)."""
+    rng = random.Random(f"fuzz_models:callbacks:{seed}")
+    if rng.random() >= 0.25:
+        return None
+    kind = rng.choice(["row_tokens", "row_tokens_tensor", "budgets", "counting"])
+    values = [rng.randrange(size) for _ in range(batch)] if kind.startswith("row") else []
+    if kind == "budgets":
+        values = [rng.randint(1, 12) for _ in range(batch)]
+    return {"kind": kind, "values": values, "stop_at": rng.randint(1, 12), "stream": rng.random() < 0.7}
+
+
+class Callbacks:
+    """A case's stopping criterion and streamer, built anew for each call; `calls` records both, in order."""
+
+    def __init__(self, spec: dict[str, Any], prompt: int) -> None:
+        self.spec, self.prompt = spec, prompt
+        self.calls: list[Any] = []
+
+    def criterion(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        kind, values = self.spec["kind"], self.spec["values"]
+        self.calls.append(("criteria", tuple(input_ids.shape)))
+        rows = input_ids.shape[0]
+        if kind == "row_tokens":
+            return torch.tensor([int(input_ids[i, -1]) == values[i % len(values)] for i in range(rows)])
+        if kind == "row_tokens_tensor":
+            return input_ids[:, -1] == torch.tensor(values).repeat(rows // len(values) + 1)[:rows]
+        if kind == "budgets":
+            budgets = torch.tensor(values).repeat(rows // len(values) + 1)[:rows]
+            return input_ids.shape[1] - self.prompt >= budgets
+        return torch.full((rows,), len(self.calls) >= self.spec["stop_at"], dtype=torch.bool)
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls.append(("put", value.tolist()))
+
+    def end(self) -> None:
+        self.calls.append("end")
+
+    def kwargs(self) -> dict[str, Any]:
+        criteria = transformers.StoppingCriteriaList([_Criterion(self.criterion)])
+        return {"stopping_criteria": criteria, **({"streamer": self} if self.spec["stream"] else {})}
+
+
+class _Criterion(transformers.StoppingCriteria):
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        return self.call(input_ids, scores)
+
+
 def draw_case(path: str, seed: str) -> Case:
     """One random case of `path`, a function of `seed` alone."""
     if path not in PATHS:
@@ -856,6 +911,7 @@ def draw_case(path: str, seed: str) -> Case:
     if rng.random() < 0.1:
         gen["return_dict_in_generate"] = True
     case = Case(
+        callbacks=_draw_callbacks(seed, size, len(ids)),
         path=path,
         seed=seed,
         tokenizer_size=size,
@@ -1170,7 +1226,11 @@ def _run(case: Case) -> Result:
         return Result("invalid", f"invalid: the target does not build: {_message(error)}", False)
     batch = inputs(case)
     gen = _resolve_eos(case, target, batch, dict(case.gen))
-    plain, plain_error = _call(target, **{k: v.clone() for k, v in batch.items()}, **gen)
+    prompt = batch["input_ids"].shape[1]
+    plain_callbacks = Callbacks(case.callbacks, prompt) if case.callbacks else None
+    callbacks = Callbacks(case.callbacks, prompt) if case.callbacks else None
+    plain_extra = plain_callbacks.kwargs() if plain_callbacks else {}
+    plain, plain_error = _call(target, **{k: v.clone() for k, v in batch.items()}, **gen, **plain_extra)
     lenient = case.target.dtype != "float32"
     draft = None
     if case.draft is not None:
@@ -1184,6 +1244,8 @@ def _run(case: Case) -> Result:
     try:
         runner = build_heads(case, target) if case.heads is not None else hf_specdec.speculative(target)
         extra = speculative_kwargs(case, draft)
+        if callbacks is not None:
+            extra.update(callbacks.kwargs())
         ours, error = _call(runner, **{k: v.clone() for k, v in batch.items()}, **gen, **extra)
     except Exception as setup_error:
         ours, error = None, setup_error
@@ -1201,6 +1263,13 @@ def _run(case: Case) -> Result:
         return Result("CRASH", _crash(error, "plain generate() returned an output"), True, _origin(error), gen)
     assert plain is not None and ours is not None
     difference = _difference(ours, plain, batch["input_ids"].shape[1])
+    if difference is None and callbacks is not None and plain_callbacks is not None and not lenient:
+        ours_calls, plain_calls = callbacks.calls, plain_callbacks.calls
+        if ours_calls != plain_calls:
+            pairs = zip(ours_calls, plain_calls, strict=False)
+            at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours_calls), len(plain_calls)))
+            text = f"DIFFERENT: the criterion's and streamer's calls part at call {at} ({case.callbacks['kind']})"
+            return Result("DIFFERENT", text, True, "", gen)
     if difference is None:
         return Result("same", "same", False, "", gen)
     text, row, column = difference

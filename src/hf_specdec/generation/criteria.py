@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from transformers import StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
 
 
 class LockstepCriteria:
@@ -36,6 +37,9 @@ class LockstepCriteria:
     ) -> None:
         self.criteria = criteria
         self.keep_scores = keep_scores
+        # The caller's streamer, when it streams: plain decoding puts a position's tokens right after calling the
+        # criteria there, so the position is put here, from the criteria's own `input_ids` (`streaming`).
+        self.streamer: BaseStreamer | None = None
         self.checked = prompt  # every position up to this one has been checked
         self.first = prompt
         self.pad = pad
@@ -89,6 +93,8 @@ class LockstepCriteria:
             zeros = torch.zeros(len(self.lengths), vocab, device=view.device)
             scores = tuple(self._scores.get(p, zeros) for p in range(self.first + 1, position + 1))
         hits = self.criteria(view, scores).tolist()
+        if self.streamer is not None:
+            self.streamer.put(view[:, -1].cpu())
         for row, hit in enumerate(hits):
             if not hit:
                 continue

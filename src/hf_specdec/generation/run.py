@@ -185,6 +185,8 @@ class DecodingRun:
         config = self.generation_config
         scratch = min(self.drafter.max_depth, config.max_length) + 1
         self.buffer = buffer = TokenBuffer(input_ids, config, self.stopping_criteria, scratch=scratch)
+        if self.stream is not None and buffer.lockstep is not None:
+            buffer.lockstep.streamer = self.stream.streamer
         if self.capacity is not None and wants_compile(self.model, self.target.cache, config):
             self.target.compile(config)  # as plain `generate()` compiles its decoding steps
         logits = out.logits[:, -1:].float()

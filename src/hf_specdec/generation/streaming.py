@@ -28,7 +28,10 @@ class PlainOrderStream:
         self.put_until: int | None = None  # the last position put
 
     def advance(self, buffer: TokenBuffer, final: bool = False) -> None:
-        """Put every position final in `buffer` (all of them with `final`) not put yet, from the host's tokens."""
+        """Put every position final in `buffer` (all of them with `final`) not put yet, from the host's tokens. With
+        criteria called as plain decoding calls them, they put each position right after their call there."""
+        if buffer.lockstep is not None:
+            return
         done = buffer.prompt_length if self.put_until is None else self.put_until
         until = max(buffer.host_lengths) if final else buffer.confirmed
         for position in range(done + 1, until + 1):
