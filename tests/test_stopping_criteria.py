@@ -5,7 +5,6 @@ plain decoding stops them."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
@@ -13,7 +12,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import hf_specdec
-from tests.tiny_models import ragged_batch, tiny_model, tiny_target
+from tests.callback_cases import PATHS, Recording, models
+from tests.tiny_models import ragged_batch
 
 
 class StopOnToken(StoppingCriteria):
@@ -49,22 +49,6 @@ class CountingCalls(StoppingCriteria):
         return torch.full((input_ids.shape[0],), len(self.calls) >= self.stop_at, dtype=torch.bool)
 
 
-@functools.cache
-def _models() -> tuple[Any, Any, Any]:
-    target = tiny_target("llama")
-    heads = hf_specdec.MedusaForCausalLM.from_base(target, hf_specdec.MedusaConfig(num_heads=2))
-    return target, tiny_model("llama", seed=1, num_layers=1), heads
-
-
-PATHS = {
-    "assistant": lambda draft: {"assistant": draft},
-    "tree": lambda draft: {"assistant": draft, "tree": 4},
-    "lookup": lambda draft: {"prompt_lookup_num_tokens": 3},
-    "assistant+lookup": lambda draft: {"assistant": draft, "prompt_lookup_num_tokens": 3},
-    "heads": lambda draft: {"medusa": True},
-}
-
-
 def _criteria(kind: str, batch: int, prompt: int, plain_tokens: torch.Tensor) -> StoppingCriteria:
     """A fresh criterion of `kind` for rows whose plain greedy continuations are `plain_tokens` `(batch, n)`."""
     if kind in ("row tokens", "row tokens, tensor"):
@@ -80,7 +64,7 @@ def _criteria(kind: str, batch: int, prompt: int, plain_tokens: torch.Tensor) ->
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_criteria_see_plains_calls(path: str, batch: int, kind: str, eos: bool) -> None:
-    target, draft, heads = _models()
+    target, draft, heads = models()
     ids, mask = ragged_batch(3, seed=5)
     ids, mask = ids[:batch], mask[:batch]
     settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 16, "do_sample": False}
@@ -111,7 +95,7 @@ class RecordingScores(StoppingCriteria):
 
 @pytest.mark.parametrize("output_scores", [False, True])
 def test_criteria_get_plains_scores_argument(output_scores: bool) -> None:
-    target, draft, _ = _models()
+    target, draft, _ = models()
     ids, mask = ragged_batch(3, seed=5)
     settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False}
     settings.update(output_scores=output_scores, return_dict_in_generate=True)
@@ -129,9 +113,7 @@ def test_rows_cut_back_by_criteria_stream_and_stop_as_in_plain(seed: int) -> Non
     import copy
     import random
 
-    from tests.test_streamers import Recording
-
-    target, _, _ = _models()
+    target, _, _ = models()
     rng = random.Random(seed)
     ids, mask = ragged_batch(3, seed=seed)
     settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": False}

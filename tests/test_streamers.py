@@ -3,50 +3,20 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
 import torch
-from transformers.generation.streamers import BaseStreamer
 
 import hf_specdec
-from tests.tiny_models import ragged_batch, tiny_model, tiny_target
-
-
-class Recording(BaseStreamer):
-    """Records every call, as lists."""
-
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls.append(value.tolist())
-
-    def end(self) -> None:
-        self.calls.append("end")
-
-
-@functools.cache
-def _models() -> tuple[Any, Any, Any]:
-    target = tiny_target("llama")
-    heads = hf_specdec.MedusaForCausalLM.from_base(target, hf_specdec.MedusaConfig(num_heads=2))
-    return target, tiny_model("llama", seed=1, num_layers=1), heads
-
-
-PATHS = {
-    "assistant": lambda draft: {"assistant": draft},
-    "tree": lambda draft: {"assistant": draft, "tree": 4},
-    "lookup": lambda draft: {"prompt_lookup_num_tokens": 3},
-    "assistant+lookup": lambda draft: {"assistant": draft, "prompt_lookup_num_tokens": 3},
-    "heads": lambda draft: {"medusa": True},
-}
+from tests.callback_cases import PATHS, Recording, models
+from tests.tiny_models import ragged_batch
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_a_streamer_sees_plains_calls(path: str, batch: int) -> None:
-    target, draft, heads = _models()
+    target, draft, heads = models()
     ids, mask = ragged_batch(3, seed=4)
     ids, mask = ids[:batch], mask[:batch]
     settings: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": False}

@@ -80,8 +80,6 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
             its tree, as far as the measured acceptance of its matches pays for verifying it.
     """
 
-    proposes_trees = True
-
     def __init__(
         self,
         model: PreTrainedModel,

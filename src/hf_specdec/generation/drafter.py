@@ -128,9 +128,6 @@ class Drafter(Protocol):
     hidden_state_layers: tuple[int, ...]
     #: The most drafted tokens one step's path can hold (room the token buffer keeps after `max_length`).
     max_depth: int
-    #: Whether its proposals may branch (else one chain per row, numbered in order, which a target with recurrent
-    #: layers verifies in place rather than path by path).
-    proposes_trees: bool
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """See the prompts `(batch, prompt)`: which tokens are real (`valid`) and their logical positions."""
@@ -236,7 +233,6 @@ class ChainDrafter:
 
     hidden_state_layers: tuple[int, ...] = ()
     max_depth: int
-    proposes_trees = False
     _num_drafted = 0
 
     def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:

@@ -148,9 +148,9 @@ class AttentionLayout:
                 "and rejected tokens in the cache and masks by the attention mask it passes. Decode this model with "
                 "plain `generate()`, or draft with another model."
             )
-        # Whether the model takes positions and masks per layer type (a pure state space model takes neither).
-        self.attends = bool(kinds) or ("position_ids" in inspect.signature(model.forward).parameters)
         takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        # Whether the model takes positions and masks per layer type (a pure state space model takes neither).
+        self.attends = bool(kinds) or takes_positions
         if kinds and (not takes_positions or getattr(config, "alibi", False)):
             raise ValueError(
                 f"{type(model).__name__} does not take `position_ids` (or uses ALiBi biases tied to cache slots), so "
@@ -221,20 +221,14 @@ class CachedSequence:
         a growing cache would change shapes at every step."""
         if self.capacity is None:
             raise ValueError("Only a static cache can be compiled: pass cache_implementation='static'.")
-        if self.recurrent is not None:
-            return  # see `compiles`
+        if self.recurrent is not None:  # its cache records a state per token fed in a step: shapes that grow
+            return
         # Every model and width bucket compiles a graph of one code object (the models' `__call__`): torch's default
         # limit of 8 per code object would send the rest back to eager without a word.
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self._call = self.model.get_compiled_call(generation_config.compile_config)
         self.compiled = True
-
-    @property
-    def compiles(self) -> bool:
-        """Whether `compile` compiles this model's forwards: not those of a model with recurrent layers, whose
-        cache records a state per token fed in a step (growing shapes, as transformers' assisted decoding)."""
-        return self.recurrent is None
 
     def _mask(
         self,

@@ -123,8 +123,8 @@ def decode(
         proposal = run.draft()
         verified = run.verify(proposal)
         accepted = accept(proposal, verified.scores)
-        run.commit(proposal, verified, accepted, streamer)
-    return run.finish(streamer, input_device)
+        run.commit(proposal, verified, accepted)
+    return run.finish(input_device)
 
 
 _IGNORED_KWARGS = {"use_cache", "position_ids", "logits_to_keep"}

@@ -72,11 +72,6 @@ def has_recurrent_layers(model: PreTrainedModel) -> bool:
     return _has_recurrent_layers(tuple(types))
 
 
-def has_attention_layers(model: PreTrainedModel) -> bool:
-    """Whether some layer of `model` attends over a KV cache (False for pure state space models)."""
-    return bool(set(layer_types(model)) & (ATTENTION_LAYER_TYPES | MIXED_LAYER_TYPES))
-
-
 def check_recorded(model: PreTrainedModel) -> None:
     """Raise `ValueError` for a model with recurrent layers whose modelling code does not record the state after
     each token of a forward (transformers' `get_recurrent_states_to_keep`): its rejected drafts could not be rolled
@@ -323,10 +318,6 @@ def _windows(inputs: torch.Tensor, kernel: int) -> torch.Tensor:
     """The convolution windows `(1 + width, B, C, kernel)` before a forward and after each of its columns, of its
     inputs `(B, C, kernel + width)`."""
     return inputs.unfold(-1, kernel, 1).permute(2, 0, 1, 3)
-
-
-def _rows(index: torch.Tensor) -> torch.Tensor:
-    return torch.arange(index.shape[0], device=index.device)
 
 
 def _rows_at(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

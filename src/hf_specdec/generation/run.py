@@ -280,7 +280,6 @@ class DecodingRun:
         proposal: Proposal,
         verified: Verified,
         accepted: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        streamer: BaseStreamer | None,
     ) -> None:
         """Commit the accepted path's tokens (stopping where plain decoding would) and KV entries, in order; tell
         the drafter; learn the step's costs."""
@@ -361,9 +360,7 @@ class DecodingRun:
         stats.verify_widths[width] = stats.verify_widths.get(width, 0) + 1
         stats.draft_seconds, stats.verify_seconds = self.clock.draft_seconds, self.clock.verify_seconds
 
-    def finish(
-        self, streamer: BaseStreamer | None, device: torch.device
-    ) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
+    def finish(self, device: torch.device) -> torch.Tensor | SpeculativeDecoderOnlyOutput:
         """End the streamer and return `generate()`'s result on `device` (the statistics with it when
         `return_dict_in_generate=True`)."""
         self.counts.write(self.stats)

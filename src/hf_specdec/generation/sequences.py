@@ -185,10 +185,8 @@ class TokenBuffer:
 
     @property
     def confirmed(self) -> int:
-        """The length up to which every row's tokens are final (no criterion can cut them any more), from the
-        host's lengths."""
-        if self.lockstep is not None:
-            return self.lockstep.checked
+        """The length up to which every row's tokens are final, from the host's lengths (without `lockstep`, which
+        puts positions on the streamer itself as it checks them)."""
         if self.active_rows:
             return min(self.host_lengths[row] for row in self.active_rows)
         return max(self.host_lengths)

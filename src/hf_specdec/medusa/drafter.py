@@ -54,9 +54,10 @@ class MedusaDrafter(LookupWhileWaiting):
         device = context.target.device
         self.static = tree.row_trees(device) if isinstance(tree, DraftTree) else None
         self.max_depth = max(tree.depth, prompt_lookup.num_tokens if prompt_lookup is not None else 0)
-        # A chain (the top candidate of every head), nothing grafted: every row's path is a prefix of its nodes.
+        # A chain (the top candidate of every head), nothing grafted: every row's path is a prefix of its nodes, which
+        # a target verifies as a chain (in place on a target with recurrent layers, not path by path).
         chain = tree.is_chain if isinstance(tree, DraftTree) else tree.top_k == 1
-        self.proposes_trees = not chain or prompt_lookup is not None
+        self.chain = chain and prompt_lookup is None
         self.hidden: torch.Tensor | None = None  # (A, 1, H) the base's state that chose each row's last token
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
@@ -93,7 +94,7 @@ class MedusaDrafter(LookupWhileWaiting):
         nodes, trees, looked_up = graft_lookup(
             nodes, trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
         )
-        return Proposal(nodes, trees, looked_up=looked_up, chain=not self.proposes_trees)  # drafted: trees' depths
+        return Proposal(nodes, trees, looked_up=looked_up, chain=self.chain)  # drafted: trees' depths
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the base's state at the last accepted node (the heads read it next), and let prompt lookup learn

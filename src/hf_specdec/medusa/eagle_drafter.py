@@ -80,7 +80,7 @@ class EagleDrafter(LookupWhileWaiting):
             raise ValueError("EagleDrafter needs a DynamicTree with a depth (generate() sets the heads' own).")
         self.heads, self.tree, self.prompt_lookup, self.adaptive = heads, tree, prompt_lookup, adaptive
         # A chain (the top token at every depth), nothing grafted: every row's path is a prefix of its nodes.
-        self.proposes_trees = tree.top_k > 1 or prompt_lookup is not None
+        self.chain = tree.top_k == 1 and prompt_lookup is None
         self.hidden_state_layers = heads.feature_layers
         self.lm_head = context.target.get_output_embeddings()
         self.embeddings = context.target.get_input_embeddings()
@@ -189,8 +189,7 @@ class EagleDrafter(LookupWhileWaiting):
         nodes, trees, looked_up = graft_lookup(
             grown.nodes, grown.trees, self.prompt_lookup, buffer, next_position, costs, max_tokens
         )
-        chain = not self.proposes_trees
-        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, chain=chain)
+        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, chain=self.chain)
 
     def propose_free(
         self,

@@ -43,7 +43,6 @@ class MtpDrafter:
     """
 
     hidden_state_layers = (-1,)
-    proposes_trees = False
 
     def __init__(self, context: DraftingContext, mtp: MtpModel) -> None:
         self.steps = [MtpLayerStep(mtp, k) for k in range(len(mtp.layers))]
