@@ -37,8 +37,6 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
-    MambaConfig,
-    MambaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     RwkvConfig,
@@ -135,12 +133,6 @@ def t5() -> PreTrainedModel:
 
 
 _SPECIAL = {"pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": BOS}
-
-
-def mamba() -> PreTrainedModel:
-    """A tiny model whose layers keep a recurrent state (a state space model)."""
-    torch.manual_seed(0)
-    return MambaForCausalLM(MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, **_SPECIAL)).eval()
 
 
 def rwkv() -> PreTrainedModel:
@@ -599,8 +591,6 @@ CASES: tuple[Case, ...] = (
     Case("encoder-decoder-draft", MODELS, "an encoder-decoder draft (T5)", DRAFT_PATHS,
          _draft(lambda models: models.shared(t5))),
     Case("rwkv-target", MODELS, "an RWKV target (a recurrent state)", PATHS, _target(rwkv)),
-    Case("mamba-draft-tree", MODELS, "a Mamba draft growing a tree", ("tree",),
-         _draft(lambda models: models.shared(mamba))),
     Case("rwkv-draft", MODELS, "an RWKV draft", DRAFT_PATHS, _draft(lambda models: models.shared(rwkv))),
     Case("alibi-target", MODELS, "a target with ALiBi positions (BLOOM)", PATHS, _target(bloom)),
     Case("slot-mask-target", MODELS, "a target that masks by cache slot (GPT-Neo)", PATHS, _target(gpt_neo)),

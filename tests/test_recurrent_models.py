@@ -1,8 +1,8 @@
 """Models with recurrent layers (hybrids of linear attention, Mamba or short convolutions with attention, and pure
 state space models): every path gives plain greedy's tokens at batch 1 and on a left-padded batch of 3, in float32
 (chains, and trees verified path by path); sampling keeps the target's distribution; the rollback costs no forward;
-a recurrent draft growing a tree and the classes whose states transformers does not record are refused before any
-forward, with the reason."""
+a recurrent draft grows trees, each frontier node a row; the classes whose states transformers does not record are
+refused before any forward, with the reason."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
-from transformers import GenerationMixin, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 import hf_specdec
 from tests.goodness_of_fit import chisquare_pvalue, exact_joint, marginal, sample_copies, sampling_warpers
@@ -183,22 +183,80 @@ def test_a_draft_tree_is_verified_path_by_path(model_type: str) -> None:
         assert out.speculative.plain_steps == 0
 
 
-def test_a_recurrent_draft_growing_a_tree_is_refused_before_any_forward() -> None:
-    target, draft = _models("qwen3_5")
-    forwards: list[str] = []
+@pytest.mark.parametrize("model_type", ["qwen3_5", "mamba", "jamba", "lfm2", "zamba2"])
+def test_a_recurrent_draft_grows_trees(model_type: str) -> None:
+    """A draft with recurrent layers grows a tree, each frontier node a row of its own: plain greedy's tokens at
+    batch 1 and 3, with and without prompt lookup grafted on and with a static cache; with the target's own weights
+    as the draft every step accepts every depth of its greedy path."""
+    target, draft = _models(model_type)
+    same = recurrent_model(model_type, 0)
+    for batch in (1, 3):
+        ids, mask = ragged_batch(batch)
+        plain = target.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False)
+        for extra in (
+            {"tree": 6},
+            {"tree": hf_specdec.DynamicTree(num_nodes=5, depth=3, top_k=2), "prompt_lookup_num_tokens": 3},
+            {"tree": 4, "cache_implementation": "static"},
+        ):
+            out = target.generate(
+                ids, attention_mask=mask, max_new_tokens=14, do_sample=False, assistant=draft, speculative_costs=COSTS,
+                **extra,
+            )  # fmt: skip
+            assert torch.equal(out, plain), extra
+        chain_tree = hf_specdec.DynamicTree(num_nodes=3, depth=3, top_k=1)  # the greedy path alone, grown as a tree
+        out = target.generate(
+            ids, attention_mask=mask, max_new_tokens=14, do_sample=False, assistant=same, tree=chain_tree,
+            speculative_costs=COSTS, return_dict_in_generate=True,
+        )  # fmt: skip
+        assert torch.equal(out.sequences, plain)
+        assert torch.equal(out.speculative.accepted_tokens, out.speculative.drafted_tokens)
 
-    def count(module: torch.nn.Module, args: Any) -> None:
-        if isinstance(module, GenerationMixin):
-            forwards.append(type(module).__name__)
 
-    ids, mask = ragged_batch(2)
-    hook = register_module_forward_pre_hook(count)
-    try:
-        with pytest.raises(ValueError, match="cannot grow a tree"):
-            target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant=draft, tree=4)
-    finally:
-        hook.remove()
-    assert not forwards
+@pytest.mark.parametrize("model_type", ["qwen3_5", "mamba", "falcon_h1"])
+def test_a_recurrent_draft_scores_every_node_from_its_own_path(model_type: str) -> None:
+    """Every node a recurrent draft is fed while growing a tree gets the logits the draft gives at the end of the
+    node's whole text (committed tokens, then its path) in one plain forward, across steps where rows keep
+    different paths of their trees."""
+    from hf_specdec.drafters.recurrent_tree import RecurrentDraftTreeDrafter
+
+    target, _ = _models(model_type)
+    draft = recurrent_model(model_type, 0)  # the target's weights, its output layer perturbed: some paths accepted
+    with torch.no_grad():
+        weight = draft.get_output_embeddings().weight
+        weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)) * 0.5 * weight.std())
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (text, logits) per fed node
+    propose, feed = RecurrentDraftTreeDrafter.propose, RecurrentDraftTreeDrafter._feed_frontier
+
+    def recording_propose(self: Any, buffer: Any, *args: Any, **kwargs: Any) -> Any:
+        self._recorded_buffer = buffer
+        return propose(self, buffer, *args, **kwargs)
+
+    def recording_feed(self: Any, state: Any, *args: Any) -> torch.Tensor:
+        logits = feed(self, state, *args)
+        buffer = self._recorded_buffer
+        for a, row in enumerate(buffer.active.tolist()):
+            length = int(buffer.active_lengths[a])
+            real = torch.cat([ids_mask[row].bool(), torch.ones(length - width, dtype=torch.bool)])
+            prefix = buffer.tokens[row, :length][real]  # the row's committed tokens, without its padding
+            for f in range(state.paths.shape[1]):
+                if bool(state.alive[a, f]):
+                    seen.append((torch.cat([prefix, state.paths[a, f]]), logits[a, f].clone()))
+        return logits
+
+    ids, ids_mask = ragged_batch(3)
+    width = ids.shape[1]
+    tree = hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RecurrentDraftTreeDrafter, "propose", recording_propose)
+        patch.setattr(RecurrentDraftTreeDrafter, "_feed_frontier", recording_feed)
+        target.generate(
+            ids, attention_mask=ids_mask, max_new_tokens=12, do_sample=False, assistant=draft, tree=tree,
+            speculative_costs=COSTS,
+        )  # fmt: skip
+    assert len(seen) > 20
+    for text, logits in seen:
+        expected = draft(text[None]).logits[0, -1]
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_a_cache_of_recurrent_states_is_not_continued() -> None:
@@ -250,7 +308,7 @@ def _attention_draft() -> Any:
     return draft
 
 
-@pytest.mark.parametrize("path", ["assistant", "lookup", "heads", "heads tree", "draft tree"])
+@pytest.mark.parametrize("path", ["assistant", "lookup", "heads", "heads tree", "draft tree", "own draft tree"])
 def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
     target = hf_specdec.speculative(_sampling_model(0, 6.0))
     draft = _sampling_model(1, 6.0)
@@ -265,8 +323,9 @@ def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
             target, hf_specdec.MedusaConfig(num_heads=3, head_type="recurrent")
         )
         extra = {"medusa": True, "tree": "small" if path == "heads tree" else "chain"}
-    if path == "draft tree":  # a draft of attention layers grows trees, sampled: their paths verified as rows
-        extra = {"assistant": _attention_draft(), "tree": hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2)}
+    if path.endswith("draft tree"):  # trees sampled from a draft of attention layers, or from the recurrent draft
+        grower = draft if path.startswith("own") else _attention_draft()
+        extra = {"assistant": grower, "tree": hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2)}
     samples, stats = sample_copies(model, prompts, SAMPLES, PAD, MAX_NEW, seed=7, speculative_costs=COSTS, **extra)
     assert int(stats.drafted_tokens.sum()) > 0 and stats.plain_steps == 0
     assert int(stats.accepted_tokens.sum()) < int(stats.drafted_tokens.sum())  # rejections and rows that part
@@ -281,7 +340,7 @@ def test_sampling_keeps_a_hybrid_targets_distribution(path: str) -> None:
 
 def _random_case(seed: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """A model type, inputs (1-4 left-padded rows of 1-16 tokens, an EOS the target emits or none, 1-20 new
-    tokens, a dynamic or static cache) and a path (chains, or trees an attention draft grows) with random settings,
+    tokens, a dynamic or static cache) and a path (chains, or trees a draft grows) with random settings,
     from `seed`."""
     import random
 
@@ -305,18 +364,21 @@ def _random_case(seed: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
     if rng.random() < 0.5:  # an EOS the target emits, so that rows finish at different steps
         plain = target.generate(**inputs, do_sample=False)
         inputs["eos_token_id"] = int(plain[rng.randrange(batch), rng.randint(width, plain.shape[1] - 1)])
-    path = rng.choice(["assistant", "lookup", "assistant+lookup", "early_exit", "tree", "tree+lookup"])
+    path = rng.choice(
+        ["assistant", "lookup", "assistant+lookup", "early_exit", "tree", "tree+lookup", "own_tree", "own_tree+lookup"]
+    )  # a tree grown by a draft of attention layers, or by the draft with recurrent layers (`own_tree`)
     extra: dict[str, Any] = {"speculative_costs": COSTS}
     if "assistant" in path:
         extra.update(assistant=draft, num_assistant_tokens=rng.randint(1, 8))
         extra["num_assistant_tokens_schedule"] = rng.choice(["constant", "heuristic"])
     if "lookup" in path:
         extra.update(prompt_lookup_num_tokens=rng.randint(1, 6), max_matching_ngram_size=rng.randint(1, 3))
-    if path.startswith("tree"):
+    if "tree" in path:
         from tests.tiny_models import tiny_model
 
         tree = hf_specdec.DynamicTree.at_most(rng.randint(2, 8), rng.randint(1, 4), rng.randint(1, 3))
-        extra.update(assistant=tiny_model("llama", seed=1, num_layers=1), tree=tree)
+        grower = draft if path.startswith("own") else tiny_model("llama", seed=1, num_layers=1)
+        extra.update(assistant=grower, tree=tree)
     if path == "early_exit":
         extra.update(assistant_early_exit=1, num_assistant_tokens=rng.randint(1, 6))
     return model_type, inputs, extra

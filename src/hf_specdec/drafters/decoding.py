@@ -19,12 +19,14 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.draft_tree import DraftTreeDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
 from hf_specdec.drafters.lookup import PromptLookupDrafter
+from hf_specdec.drafters.recurrent_tree import RecurrentDraftTreeDrafter
 from hf_specdec.drafters.text_alignment import Tokenizers
 from hf_specdec.drafters.translated import TranslatedDrafter
 from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
 from hf_specdec.generation.drafter import Drafter, DraftingContext
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
+from hf_specdec.generation.recurrent import has_recurrent_layers
 from hf_specdec.generation.validation import check_other_tokenizer_settings
 from hf_specdec.trees.dynamic import DynamicTree
 
@@ -125,6 +127,7 @@ def _drafter(
     common = (assistant, context.vocab_size, context.processors, context.do_sample, context.generator, assistant_vocab)
     settings = {"schedule": schedule, "reads": context.reads, "generation_config": context.generation_config}
     if tree is not None:
-        return DraftTreeDrafter(*common, tree=tree, prompt_lookup=prompt_lookup, **settings)
+        grows = RecurrentDraftTreeDrafter if has_recurrent_layers(assistant) else DraftTreeDrafter
+        return grows(*common, tree=tree, prompt_lookup=prompt_lookup, **settings)
     drafter = DraftModelDrafter(*common, **settings)
     return drafter if prompt_lookup is None else HybridDrafter(drafter, prompt_lookup)

@@ -29,6 +29,7 @@ target's token.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -39,7 +40,6 @@ from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.tree_growth import LookupWhileWaiting, graft_lookup, grow_tree, lookup_alone
 from hf_specdec.generation.decisions import CostModel
 from hf_specdec.generation.drafter import Accepted, Proposal, chain_proposal, committed_tokens
-from hf_specdec.generation.kv_cache import RECURRENT_TREES
 from hf_specdec.generation.processing import RaggedLogitsProcessor, score_nodes
 from hf_specdec.generation.readback import HostReads
 from hf_specdec.generation.recurrent import has_recurrent_layers
@@ -80,6 +80,8 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
             its tree, as far as the measured acceptance of its matches pays for verifying it.
     """
 
+    feeds_frontier_as_rows: ClassVar[bool] = False  # a frontier's nodes fed side by side in one row each
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -97,8 +99,8 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
     ) -> None:
         if tree.depth is None:
             raise ValueError("DraftTreeDrafter needs a DynamicTree with a depth (see `draft_tree_spec`).")
-        if has_recurrent_layers(model):  # it would be fed every node of the tree in one forward
-            raise ValueError(RECURRENT_TREES.format(name=type(model).__name__))
+        if has_recurrent_layers(model) and not self.feeds_frontier_as_rows:  # siblings side by side in a row
+            raise TypeError("A draft with recurrent layers grows its trees with `RecurrentDraftTreeDrafter`.")
         super().__init__(
             model,
             target_vocab_size,
@@ -115,6 +117,7 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         self._fed_pool: torch.Tensor | None = None  # (A, F) pool index of every tree node fed this step
         self._chosen: torch.Tensor | None = None  # (A, n) pool index of every grown tree node after the root
         self._grafted = False  # whether this step's trees have looked-up nodes grafted on (never fed)
+        self._frontiers: list[torch.Tensor] = []  # (A, F) pool indices of the nodes fed at each depth
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         super().prefill(input_ids, valid, positions)
@@ -155,15 +158,7 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
             else:
                 state.advance(tokens, parent_slot)
                 positions = (next_position[:, None] - 1 + state.depth).clamp_max(last_position).to(self.device)
-                out = self.seq.forward(
-                    self._embeddable(tokens.to(self.device)),
-                    state.alive.to(self.device),
-                    positions.expand_as(tokens),
-                    torch.eye(tokens.shape[1], dtype=torch.bool, device=self.device),
-                    0,
-                    recent=state.frontier_recent.to(self.device),
-                )
-                logits = self._all_logits(out).to(target_device)  # (A, F, V)
+                logits = self._feed_frontier(state, tokens, parent_slot, positions).to(target_device)
             return state.log_probs(self.processors, buffer, logits)
 
         adaptive = costs if self.schedule.adaptive else None
@@ -174,9 +169,26 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         fed_pool = torch.cat([last_token.new_zeros(rows, 0), *grown.pool.frontiers[1:]], dim=1)  # fed after the root
         self._fed = self._pending_width + fed_pool.shape[1]
         self._fed_pool, self._chosen, self._grafted = fed_pool, grown.chosen, looked_up
+        self._frontiers = grown.pool.frontiers[1:]
         # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
         catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
         return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, catch_up=catch_up)
+
+    def _feed_frontier(
+        self, state: _Growth, tokens: torch.Tensor, parent_slot: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Feed a frontier `tokens` `(A, F)` (children of the previous frontier's `parent_slot` `(A, F)`, at
+        `positions` `(A, 1)`) to the draft side by side, each under its ancestors: the logits after each `(A, F, V)`."""
+        assert self.seq is not None
+        out = self.seq.forward(
+            self._embeddable(tokens.to(self.device)),
+            state.alive.to(self.device),
+            positions.expand_as(tokens),
+            torch.eye(tokens.shape[1], dtype=torch.bool, device=self.device),
+            0,
+            recent=state.frontier_recent.to(self.device),
+        )
+        return self._all_logits(out)
 
     def commit(self, accepted: Accepted) -> None:
         """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
