@@ -20,13 +20,14 @@ Each case draws, from a seed:
   them: `tests/fuzz_mtp.py`); always with fixed `speculative_costs`, so that a case is deterministic.
 
 The property (`run_case`): on a float32 target the speculative output equals plain greedy `generate()`'s token for
-token, or the call raises a ValueError / TypeError with a non-empty message; when plain `generate()` raises, the
-speculative call must raise a ValueError / TypeError too. A bfloat16 target is only held to "no crash". Everything
+token, or the call raises a ValueError / TypeError whose message docs/refusals.md lists for the path
+(`tests.documented_refusals`); when plain `generate()` raises, the speculative call must raise a ValueError /
+TypeError too. A bfloat16 target is only held to "no crash". Everything
 in a `Case` is JSON (`Case.to_json`), so any case reruns from its record (`Case.from_json`, `reproducer`).
 
     from tests.fuzz_models import draw_case, run_case
     result = run_case(draw_case("hybrid", "0:hybrid:17"))
-    result.outcome   # "same", "refused: ValueError: ...", "DIFFERENT: ...", "CRASH: ..."
+    result.outcome   # "same", "refused: ValueError: ...", "UNDOCUMENTED refusal: ...", "DIFFERENT: ...", "CRASH: ..."
 
 Long runs: `python tools/fuzz_models.py --cases-per-path N --seed S --out results.jsonl`.
 """
@@ -52,7 +53,9 @@ from transformers import logging as transformers_logging
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
+from tests.documented_refusals import is_documented
 from tests.fuzz_mtp import MTP_WEIGHTS, attach_random_mtp, draw_mtp_options, mtp_config_kwargs
+from tests.recurrent_models import _SPECS as RECURRENT_SPECS
 
 PATHS = (
     "assistant",
@@ -73,6 +76,15 @@ MAX_LOOKUP = 10**6  # the largest prompt_lookup_num_tokens / num_assistant_token
 # ---------------------------------------------------------------------------------------------------------
 
 
+# Models with recurrent layers (`tests.recurrent_models`): hybrids of attention with linear attention, Mamba or
+# short convolutions, and state space models; Zamba's states are not recorded by transformers (refused).
+HYBRIDS = (
+    "qwen3_5", "qwen3_5_moe", "qwen3_next", "mamba2", "falcon_mamba", "jamba", "bamba", "falcon_h1",
+    "granitemoehybrid", "nemotron_h", "zamba", "zamba2", "lfm2_moe", "lfm3", "kimi_linear", "olmo_hybrid",
+    "bailing_hybrid", "lara_mini",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Arch:
     config: str  # transformers config class
@@ -89,6 +101,13 @@ class Arch:
     weight: int = 2  # how often it is drawn, relative
     extra: tuple[tuple[str, Any], ...] = ()  # fixed config fields (experts, ...)
     mtp: int = 0  # the most multi-token-prediction layers its config declares (the `mtp` path draws these)
+
+
+def _recurrent_arch(name: str) -> Arch:
+    """A model with recurrent layers, its tiny config from `tests.recurrent_models` (family "recurrent")."""
+    model = RECURRENT_SPECS[name][0]
+    sdpa = bool(getattr(getattr(transformers, model), "_supports_sdpa", False))
+    return Arch(model.replace("ForCausalLM", "Config"), model, "recurrent", kv_heads=False, sdpa=sdpa, weight=1)
 
 
 _EXPERTS = (("num_local_experts", 4), ("num_experts_per_tok", 2))
@@ -173,16 +192,17 @@ ARCHS: dict[str, Arch] = {
     "apertus": Arch("ApertusConfig", "ApertusForCausalLM", "llama", rope=True, weight=1),
     "diffllama": Arch("DiffLlamaConfig", "DiffLlamaForCausalLM", "llama", rope=True, weight=1),
     "nemotron": Arch("NemotronConfig", "NemotronForCausalLM", "llama", rope=True, partial=0.5, weight=1),
-    "lfm2": Arch("Lfm2Config", "Lfm2ForCausalLM", "llama", rope=True, weight=1),  # with conv layers: refused
+    "lfm2": Arch("Lfm2Config", "Lfm2ForCausalLM", "llama", rope=True, weight=1),  # with conv layers or not
     # Position tables: learned (GPT-1), sinusoidal of a fixed size (CTRL), sinusoidal that grows (XGLM).
     "openai": Arch(
         "OpenAIGPTConfig", "OpenAIGPTLMHeadModel", "gpt2", learned=True, kv_heads=False, sdpa=False, weight=1
     ),
     "ctrl": Arch("CTRLConfig", "CTRLLMHeadModel", "gpt2", learned=True, kv_heads=False, weight=1),
     "xglm": Arch("XGLMConfig", "XGLMForCausalLM", "xglm", kv_heads=False, sdpa=False, weight=1),
-    # Refused by design: recurrent state (Mamba), ALiBi (MPT).
+    # Recurrent state: a state space model (Mamba), and below every hybrid; refused by design: ALiBi (MPT).
     "mamba": Arch("MambaConfig", "MambaForCausalLM", "mamba", kv_heads=False, sdpa=False, weight=1),
     "mpt": Arch("MptConfig", "MptForCausalLM", "mpt", kv_heads=False, sdpa=False, weight=1),
+    **{name: _recurrent_arch(name) for name in HYBRIDS},
     # With multi-token-prediction layers: drawn by the `mtp` path alone (weight 0 here; `fuzz_mtp.MTP_WEIGHTS`).
     "glm4_moe": Arch(
         "Glm4MoeConfig",
@@ -402,8 +422,24 @@ def config_kwargs(spec: ModelSpec) -> dict[str, Any]:
 
 
 def make_config(spec: ModelSpec) -> transformers.PretrainedConfig:
+    if ARCHS[spec.arch].family == "recurrent":
+        return _recurrent_config(spec)
     with quiet():
         return getattr(transformers, ARCHS[spec.arch].config)(**config_kwargs(spec))
+
+
+def _recurrent_config(spec: ModelSpec) -> transformers.PretrainedConfig:
+    """A hybrid's or state space model's tiny config (`tests.recurrent_models`) with the spec's vocabulary, special
+    tokens, position limit, tying and attention."""
+    with quiet():
+        config = RECURRENT_SPECS[spec.arch][1]()
+    config.vocab_size = spec.rows
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = spec.bos, spec.eos, spec.pad
+    config.tie_word_embeddings = spec.tied and spec.arch != "zamba"  # transformers cannot tie Zamba's shared layers
+    if hasattr(config, "max_position_embeddings"):
+        config.max_position_embeddings = spec.positions
+    config._attn_implementation = spec.attn
+    return config
 
 
 def build_model(spec: ModelSpec) -> PreTrainedModel:
@@ -1258,8 +1294,11 @@ def _run(case: Case) -> Result:
             return Result("both refused", text, False, _origin(error), gen)
         return Result("CRASH", _crash(error, f"plain raised {_message(plain_error)[:200]}"), True, _origin(error), gen)
     if error is not None:
-        if _refusal_ok(error):
+        if _refusal_ok(error) and is_documented(str(error), case.path):
             return Result("refused", f"refused: {_message(error)}", False, _origin(error), gen)
+        if _refusal_ok(error):  # a refusal docs/refusals.md does not list (for this path)
+            text = f"UNDOCUMENTED refusal: {_message(error)}"
+            return Result("UNDOCUMENTED", text, True, _origin(error), gen)
         return Result("CRASH", _crash(error, "plain generate() returned an output"), True, _origin(error), gen)
     assert plain is not None and ours is not None
     difference = _difference(ours, plain, batch["input_ids"].shape[1])

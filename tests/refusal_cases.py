@@ -15,12 +15,15 @@ The paths (`PATHS`):
 - `hybrid`: `speculative(model).generate(..., assistant=draft, prompt_lookup_num_tokens=3)`;
 - `medusa`: `MedusaForCausalLM.generate(..., medusa=True)`, the heads' default static tree;
 - `medusa-dynamic`: `MedusaForCausalLM.generate(..., medusa=True, tree=DynamicTree(num_nodes=3))`;
-- `medusa-lookup`: `MedusaForCausalLM.generate(..., medusa=True, prompt_lookup_num_tokens=3)`.
+- `medusa-lookup`: `MedusaForCausalLM.generate(..., medusa=True, prompt_lookup_num_tokens=3)`;
+- `mtp` (for the cases of a model's own multi-token-prediction layers alone): `speculative(model).generate(...,
+  use_mtp=True)`.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +54,7 @@ from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
 from tests.tiny_models import BOS, EOS, PAD, VOCAB, ragged_batch, tiny_model, tiny_target
 
 PATHS = ("assistant", "tree", "lookup", "hybrid", "medusa", "medusa-dynamic", "medusa-lookup")
+TABLE_PATHS = (*PATHS, "mtp")  # "all" stands for `PATHS`; `mtp` rows are a model's own MTP layers drafting
 DRAFT_PATHS = ("assistant", "tree", "hybrid")  # with a draft model
 SPECULATIVE_PATHS = ("assistant", "tree", "lookup", "hybrid")  # `speculative(model).generate(...)`
 MEDUSA_PATHS = ("medusa", "medusa-dynamic", "medusa-lookup")
@@ -65,6 +69,7 @@ PATH_NAMES = {
     "medusa": "`medusa=True`",
     "medusa-dynamic": "`medusa=True`",
     "medusa-lookup": "`medusa=True`",
+    "mtp": "`use_mtp=True`",
 }
 
 Generate = Callable[..., Any]
@@ -382,6 +387,115 @@ def _heads_for_another_base(models: Models, path: str) -> Any:
     return MedusaForCausalLM(narrower, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=VOCAB))
 
 
+def scaled_draft() -> PreTrainedModel:
+    """A draft that scales its logits after its lm_head (Cohere's `logit_scale`)."""
+    from transformers import CohereConfig, CohereForCausalLM
+
+    torch.manual_seed(1)
+    config = CohereConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, logit_scale=0.5, **_SPECIAL,
+    )  # fmt: skip
+    return CohereForCausalLM(config).eval()
+
+
+def zamba() -> PreTrainedModel:
+    """A tiny Zamba: Mamba layers whose per-token states its modelling code does not record."""
+    from tests.recurrent_models import recurrent_model
+
+    return recurrent_model("zamba", 0)
+
+
+def gpt1() -> PreTrainedModel:
+    """A tiny GPT-1 (`OpenAIGPTLMHeadModel`), whose forward takes no cache."""
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    torch.manual_seed(0)
+    config = OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    return OpenAIGPTLMHeadModel(config).eval()
+
+
+def _recurrent_draft_of_other_tokenizer(models: Models, path: str) -> Any:
+    from tests.recurrent_models import recurrent_model
+
+    draft = models.shared(functools.partial(recurrent_model, "qwen3_5", 1))
+    generate = speculative_generate(path, models.target, draft)
+    return generate(**prompts(tokenizer=word_tokenizer("a"), assistant_tokenizer=word_tokenizer("b")))
+
+
+def _heads_of(head_type: str, base: Callable[[], PreTrainedModel], **kwargs: Any) -> Call:
+    """The usual call on a Medusa path with fresh heads of `head_type` on `base()` (their `from_base` may refuse)."""
+
+    def call(models: Models, path: str) -> Any:
+        heads = MedusaForCausalLM.from_base(models.shared(base), MedusaConfig(num_heads=2, head_type=head_type))
+        extra = {"medusa-dynamic": {"tree": DynamicTree(num_nodes=3)}, "medusa-lookup": {"prompt_lookup_num_tokens": 3}}
+        return heads.generate(**prompts(medusa=True, **{**extra.get(path, {}), **kwargs}))
+
+    return call
+
+
+def _llama_target() -> PreTrainedModel:
+    return tiny_target("llama")
+
+
+def _jamba() -> PreTrainedModel:
+    from tests.recurrent_models import recurrent_model
+
+    return recurrent_model("jamba", 0)
+
+
+def _zamba2() -> PreTrainedModel:
+    from tests.recurrent_models import recurrent_model
+
+    return recurrent_model("zamba2", 0)
+
+
+def _mamba() -> PreTrainedModel:
+    from tests.recurrent_models import recurrent_model
+
+    return recurrent_model("mamba", 0)
+
+
+def _opt_projected() -> PreTrainedModel:
+    """A tiny OPT whose lm_head reads a projection of the last hidden state (`word_embed_proj_dim`)."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    config = OPTConfig(
+        vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
+        word_embed_proj_dim=16, max_position_embeddings=64, **_SPECIAL,
+    )  # fmt: skip
+    return OPTForCausalLM(config).eval()
+
+
+def _too_many_nodes(models: Models, path: str) -> Any:
+    return models.generate(path)(**prompts(tree=DynamicTree(num_nodes=9, depth=1, top_k=2)))
+
+
+def _mtp_model(architecture: str, layers: int, **overrides: Any) -> Callable[[], PreTrainedModel]:
+    def build() -> PreTrainedModel:
+        from tests.tiny_mtp import tiny_mtp_model
+
+        return tiny_mtp_model(architecture, layers, VOCAB, **overrides)
+
+    return build
+
+
+_MTP_MODELS: dict[str, Callable[[], PreTrainedModel]] = {}
+
+
+def _mtp(architecture: str = "deepseek_v3", layers: int = 1, overrides: tuple = (), **kwargs: Any) -> Call:
+    """`speculative(model).generate(..., use_mtp=True)` on a tiny model with `layers` MTP layers, with `kwargs`."""
+    key = f"{architecture}:{layers}:{overrides}"
+    build = _MTP_MODELS.setdefault(key, _mtp_model(architecture, layers, **dict(overrides)))
+
+    def call(models: Models, path: str) -> Any:
+        model = hf_specdec.speculative(models.shared(build))
+        return model.generate(**prompts(use_mtp=True, **kwargs))
+
+    return call
+
+
 @dataclass(frozen=True)
 class Case:
     """One bad input.
@@ -512,9 +626,13 @@ CASES: tuple[Case, ...] = (
          DRAFT_PATHS, _draft(lambda models: models.shared(int8_draft), assistant_vocab=list(range(48)))),
     Case("softcapped-draft-vocab", ARGUMENTS, "`assistant_vocab=` with a draft that soft-caps its logits (Gemma 2)",
          DRAFT_PATHS, _draft(lambda models: models.shared(softcapped_draft), assistant_vocab=list(range(48)))),
+    Case("scaled-draft-vocab", ARGUMENTS, "`assistant_vocab=` with a draft that scales its logits (Cohere)",
+         DRAFT_PATHS, _draft(lambda models: models.shared(scaled_draft), assistant_vocab=list(range(48)))),
     Case("tree-without-assistant", ARGUMENTS, "`tree=` without `assistant=`", ("lookup",), _call(tree=4)),
     Case("tree-name", ARGUMENTS, "a preset name as a draft model's `tree=`", ("tree",), _call(tree="medium")),
     Case("tree-of-no-nodes", ARGUMENTS, "a draft model's `tree=0`", ("tree",), _call(tree=0)),
+    Case("dynamic-tree-too-many-nodes", ARGUMENTS, "a `DynamicTree` of more nodes than its depth and `top_k` grow",
+         ("tree", *MEDUSA_PATHS), _too_many_nodes),
     Case("num-tokens-with-tree", ARGUMENTS, "`num_assistant_tokens` with `tree=`", ("tree",),
          _call(num_assistant_tokens=4)),
     Case("heuristic-with-tree", ARGUMENTS, "`num_assistant_tokens_schedule='heuristic'` with `tree=`", ("tree",),
@@ -551,8 +669,26 @@ CASES: tuple[Case, ...] = (
     Case("unknown-preset", HEADS, "an unknown tree preset", ("medusa",), _call(tree="huge")),
     Case("tree-of-a-float", HEADS, "`tree=1.5`", ("medusa",), _call(tree=1.5)),
     Case("heads-tree-of-no-nodes", HEADS, "`tree=0`", ("medusa",), _call(tree=0)),
-    Case("tree-deeper-than-heads", HEADS, "a tree deeper than there are heads", ("medusa",),
+    Case("tree-deeper-than-heads", HEADS, "a tree deeper than there are heads", ("medusa", "medusa-lookup"),
          _call(tree=[[0], [0, 0], [0, 0, 0]])),
+    Case("tree-wider-than-heads-choose", HEADS, "a static tree needing more candidates than the heads choose from",
+         ("medusa", "medusa-lookup"), _call(tree=[[VOCAB]])),
+    Case("dynamic-top-k-past-heads", HEADS, "a `DynamicTree` whose `top_k` is more tokens than the heads choose from",
+         MEDUSA_PATHS, _call(tree=DynamicTree(num_nodes=3, top_k=VOCAB + 1))),
+    Case("eagle-static-tree", HEADS, "EAGLE heads with a static tree (a preset name or a list of paths)",
+         ("medusa", "medusa-lookup"), _heads_of("eagle", _llama_target, tree="small")),
+    Case("eagle-on-derived-layer-types", HEADS, "EAGLE heads on a base that derives its layer types (Jamba)",
+         MEDUSA_PATHS, _heads_of("eagle", _jamba)),
+    Case("eagle-decoder-that-cannot-run", HEADS,
+         "EAGLE heads on a base whose family cannot run as a decoder of full-attention layers (Zamba2)",
+         MEDUSA_PATHS, _heads_of("eagle", _zamba2)),
+    Case("eagle3-without-attention", HEADS, "EAGLE-3 heads on a base without attention (Mamba)", MEDUSA_PATHS,
+         _heads_of("eagle3", _mamba)),
+    Case("eagle-final-norm-unknown", HEADS, "EAGLE heads on a base with two final norms to choose from (BLOOM)",
+         MEDUSA_PATHS, _heads_of("eagle", bloom)),
+    Case("heads-on-projected-states", HEADS,
+         "heads on a base whose lm_head reads a projection of its last hidden state (OPT's `word_embed_proj_dim`)",
+         MEDUSA_PATHS, _heads_of("medusa", _opt_projected)),
     Case("dynamic-tree-deeper-than-heads", HEADS, "a `DynamicTree` deeper than there are heads", ("medusa-dynamic",),
          _call(tree=DynamicTree(num_nodes=3, depth=3))),
     Case("unknown-acceptance", HEADS, "an unknown `medusa_acceptance`", MEDUSA_PATHS,
@@ -591,6 +727,25 @@ CASES: tuple[Case, ...] = (
     Case("encoder-decoder-draft", MODELS, "an encoder-decoder draft (T5)", DRAFT_PATHS,
          _draft(lambda models: models.shared(t5))),
     Case("rwkv-target", MODELS, "an RWKV target (a recurrent state)", PATHS, _target(rwkv)),
+    Case("unrecorded-recurrent-target", MODELS,
+         "a target whose recurrent states transformers does not record per token (Zamba, ZAYA, MiniMax, "
+         "RecurrentGemma)", PATHS, _target(zamba)),
+    Case("no-cache-target", MODELS, "a target whose forward takes no cache (GPT-1)", PATHS, _target(gpt1)),
+    Case("no-cache-draft", MODELS, "a draft whose forward takes no cache (GPT-1)", DRAFT_PATHS,
+         _draft(lambda models: models.shared(gpt1))),
+    Case("early-exit-cut-config", MODELS,
+         "`assistant_early_exit=` on a target whose config keeps per-layer lists of the whole model (Zamba2)",
+         ("lookup",), _target(_zamba2, assistant_early_exit=1)),
+    Case("recurrent-draft-of-other-tokenizer", MODELS, "a draft with recurrent layers and another tokenizer",
+         ("assistant",), _recurrent_draft_of_other_tokenizer),
+    Case("mtp-tree-of-several-layers", ARGUMENTS, "`tree=` with two or more MTP layers", ("mtp",),
+         _mtp(layers=2, tree=4)),
+    Case("mtp-with-lookup", ARGUMENTS, "`prompt_lookup_num_tokens=` with `use_mtp=True`", ("mtp",),
+         _mtp(prompt_lookup_num_tokens=3)),
+    Case("mtp-layer-kind-without-rotary", MODELS,
+         "an MTP layer of an attention kind the model's rotary embedding does not hold (Mellum)", ("mtp",),
+         _mtp("mellum", overrides=(("layer_types", ["full_attention", "full_attention"]),
+                                   ("mtp_layer_types", ["sliding_attention"])))),
     Case("rwkv-draft", MODELS, "an RWKV draft", DRAFT_PATHS, _draft(lambda models: models.shared(rwkv))),
     Case("alibi-target", MODELS, "a target with ALiBi positions (BLOOM)", PATHS, _target(bloom)),
     Case("slot-mask-target", MODELS, "a target that masks by cache slot (GPT-Neo)", PATHS, _target(gpt_neo)),

@@ -202,3 +202,17 @@ def test_a_dynamic_tree_deeper_than_the_tokens_left_is_cut_to_them(seed: str) ->
     than the token buffer's room after max_length (IndexError); Medusa heads now grow it no deeper than that."""
     result = run_case(draw_case("medusa_dynamic", seed))
     assert not result.failure, result.outcome.splitlines()[0][:200]
+
+
+@pytest.mark.parametrize(
+    ("seed", "path"),
+    [
+        ("502:mtp:108", "mtp"),  # a chain grown 8 deep from 6 nodes: the path was wider than the chain (CRASH)
+        ("502:medusa:28", "medusa"),  # the same with EAGLE-3 heads, one node (CRASH)
+        ("502:medusa:96", "medusa"),  # EAGLE-3 heads on DeepSeek-V3, whose config's key/value heads do not group
+        ("503:medusa_lookup:93", "medusa_lookup"),  # heads without blocks on a bf16 base with float32 states
+    ],
+)
+def test_cases_the_fuzzer_found(seed: str, path: str) -> None:
+    result = run_case(draw_case(path, seed))
+    assert result.kind in ("same", "bf16 differs"), result.outcome.splitlines()[0][:300]

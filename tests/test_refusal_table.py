@@ -15,7 +15,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 from transformers import GenerationMixin
 
-from tests.refusal_cases import CASES, PATHS, TOPICS, Case, Models
+from tests.refusal_cases import CASES, TABLE_PATHS, TOPICS, Case, Models
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "refusals.md"
@@ -50,7 +50,7 @@ def test_the_cases_are_well_formed() -> None:
     assert len({case.id for case in CASES}) == len(CASES), "case ids must be unique"
     for case in CASES:
         assert case.topic in TOPICS, case.id
-        assert case.paths and set(case.paths) <= set(PATHS), case.id
+        assert case.paths and set(case.paths) <= set(TABLE_PATHS), case.id
         assert len(set(case.paths)) == len(case.paths), case.id
         assert case.what.strip() and "\n" not in case.what, case.id
 
@@ -96,7 +96,7 @@ def test_the_page_renders_every_message_as_raised(rows: list[Any]) -> None:
         elif in_body and token.type == "inline":
             parts = token.children or []
             cells[-1].append("".join(f"`{p.content}`" if p.type == "code_inline" else p.content for p in parts))
-    table = cells[len(PATHS) :]  # after the table of paths
+    table = cells[len(TABLE_PATHS) :]  # after the table of paths
     assert len(table) == len(rows)
     for row, rendered in zip(rows, table, strict=True):
         assert len(rendered) == 4, rendered

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python tools/refusal_table.py`: the cases live in tests/
     sys.path.insert(0, str(ROOT))
 
-from tests.refusal_cases import CASES, PATH_NAMES, PATHS, TOPICS, Case, Models  # noqa: E402
+from tests.refusal_cases import CASES, PATH_NAMES, PATHS, TABLE_PATHS, TOPICS, Case, Models  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "refusals.md"
 
@@ -44,6 +44,7 @@ PATH_CALLS = {
     "medusa": "MedusaForCausalLM.generate(..., medusa=True)",
     "medusa-dynamic": "MedusaForCausalLM.generate(..., medusa=True, tree=DynamicTree(num_nodes=3))",
     "medusa-lookup": "MedusaForCausalLM.generate(..., medusa=True, prompt_lookup_num_tokens=3)",
+    "mtp": "speculative(model).generate(..., use_mtp=True)",
 }
 
 INTRO = """\
@@ -71,8 +72,9 @@ The paths:
 | --- | --- |
 {paths}
 
-"all" stands for all seven paths. A message is shown as the first path of its row raises it; the other paths of
-the row raise the same message with their own name in it (`` `assistant=` ``, prompt lookup, `` `medusa=True` ``).
+"all" stands for the first seven paths (`mtp` rows are for a model's own MTP layers alone). A message is shown as
+the first path of its row raises it; the other paths of the row raise the same message with their own name in it
+(`` `assistant=` ``, prompt lookup, `` `medusa=True` ``).
 """
 
 
@@ -168,9 +170,11 @@ def rows(refusals: Iterable[Refusal]) -> list[Row]:
     order = {case.id: i for i, case in enumerate(CASES)}
     result = [
         Row(group[0].case, tuple(r.path for r in group), group[0].error, group[0].message)
-        for group in (sorted(g, key=lambda r: PATHS.index(r.path)) for g in grouped.values())
+        for group in (sorted(g, key=lambda r: TABLE_PATHS.index(r.path)) for g in grouped.values())
     ]
-    return sorted(result, key=lambda row: (TOPICS.index(row.case.topic), order[row.case.id], PATHS.index(row.paths[0])))
+    return sorted(
+        result, key=lambda row: (TOPICS.index(row.case.topic), order[row.case.id], TABLE_PATHS.index(row.paths[0]))
+    )
 
 
 # What Markdown would read as markup in a table cell: backslashes, emphasis (`_` only where it starts or ends a
@@ -197,7 +201,7 @@ def _paths_cell(paths: tuple[str, ...]) -> str:
 
 def render(table: Iterable[Row]) -> str:
     """The page: the introduction, then one table per topic."""
-    paths = "\n".join(f"| `{path}` | `{PATH_CALLS[path]}` |" for path in PATHS)
+    paths = "\n".join(f"| `{path}` | `{PATH_CALLS[path]}` |" for path in TABLE_PATHS)
     lines = [INTRO.format(paths=paths)]
     by_topic: dict[str, list[Row]] = {topic: [] for topic in TOPICS}
     for row in table:

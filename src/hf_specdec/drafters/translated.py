@@ -44,6 +44,7 @@ from hf_specdec.generation.drafter import Chain, ChainDrafter, DraftingContext
 from hf_specdec.generation.kv_cache import CachedSequence
 from hf_specdec.generation.positions import position_table_limit
 from hf_specdec.generation.readback import StepOutcome
+from hf_specdec.generation.recurrent import has_recurrent_layers
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.generation.validation import output_vocab_size
 from hf_specdec.trees.masks import chain_structure
@@ -66,6 +67,12 @@ class TranslatedDrafter(ChainDrafter):
         context: DraftingContext,
         schedule: DraftLengthPolicy | None = None,
     ) -> None:
+        if has_recurrent_layers(model):  # it would go back to an earlier token whenever the text re-tokenizes
+            raise ValueError(
+                f"{type(model).__name__} keeps recurrent states, which cannot go back to an earlier token of the text "
+                "once a step is decided: it cannot draft through another tokenizer. Draft with a model of the "
+                "target's tokenizer, or with prompt lookup."
+            )
         self.model = model
         self.tokenizers = tokenizers
         self.vocab_size = context.vocab_size

@@ -65,6 +65,12 @@ def check_rollback(model: PreTrainedModel, role: str = "target") -> None:
             "layers and the recurrent layers transformers' caches hold (linear attention, Mamba, short "
             "convolutions); decode this model with plain `generate()`."
         )
+    if not _takes_a_cache(model):
+        raise ValueError(
+            f"The {role} ({type(model).__name__}) keeps no KV cache (its forward takes none, and plain `generate()` "
+            "recomputes the whole text at every step), while speculative decoding verifies drafts against a cache. "
+            "Decode this model with plain `generate()`."
+        )
 
 
 def check_models(
@@ -254,3 +260,12 @@ def check_generation_config(
             "several tokens at once. Use `return_dict_in_generate=True` for the sequences and speculative "
             "statistics, or plain `generate()` for per-step outputs."
         )
+
+
+def _takes_a_cache(model: torch.nn.Module) -> bool:
+    """Whether the forward of the transformers class `model` is built on names a cache among its parameters (a
+    subclass's own forward, or a wrapper's, passes it on)."""
+    for cls in type(model).__mro__:
+        if cls.__module__.startswith("transformers.") and "forward" in cls.__dict__:
+            return bool({"cache", "past_key_values"} & set(inspect.signature(cls.__dict__["forward"]).parameters))
+    return True

@@ -106,6 +106,8 @@ class EagleHeads(SequenceHeads):
             config = copy.deepcopy(layer_config)
             config.num_hidden_layers = num_layers
         self.decoder: PreTrainedModel = AutoModel.from_config(config)
+        if layer_config is None:
+            _check_runs(self.decoder, hidden_size)
         self.decoder.get_input_embeddings().requires_grad_(False)  # fed vectors: it embeds no token
         drop_final_norm(self.decoder)
         if not input_norms:
@@ -117,6 +119,23 @@ class EagleHeads(SequenceHeads):
 
     def combine(self, token_part: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat([token_part, self.feature_norm(features.to(self.dtype))], dim=-1))
+
+
+def _check_runs(decoder: PreTrainedModel, hidden_size: int) -> None:
+    """Raise `ValueError` when a decoder built from the base's family cannot run a forward of its own (a family
+    that lays out its layers from fields a cut config leaves inconsistent, as Zamba2's)."""
+    if any(parameter.is_meta for parameter in decoder.parameters()):
+        return
+    dtype = next(decoder.parameters()).dtype
+    try:
+        with torch.no_grad():
+            decoder(inputs_embeds=torch.zeros(1, 2, hidden_size, dtype=dtype), use_cache=True)
+    except (RuntimeError, IndexError, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(
+            f"EAGLE heads build their decoder from the base's own family, and {type(decoder).__name__} cannot run as "
+            f"a decoder of {decoder.config.num_hidden_layers} full-attention layer(s) ({type(error).__name__}: "
+            f"{error}): use head_type='eagle3' (a Llama layer of the base's width), or Medusa or recurrent heads."
+        ) from error
 
 
 def decoder_config(

@@ -75,12 +75,17 @@ def eagle3_layer_config(
         ),
         4 * hidden,
     )
+    # Grouped key/value heads where the base has them; a count that does not group the query heads (multi-head
+    # latent attention's configs carry an unused one) gives as many as query heads.
+    kv_heads = getattr(text, "num_key_value_heads", None)
+    if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        kv_heads = heads
     config = one_layer_config(
         layer_type,
         hidden_size=hidden,
         intermediate_size=width,
         num_attention_heads=heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        num_key_value_heads=kv_heads,
         head_dim=getattr(text, "head_dim", None) or hidden // heads,
         rms_norm_eps=getattr(text, "rms_norm_eps", None) or 1e-6,
         max_position_embeddings=getattr(text, "max_position_embeddings", None) or 4096,

@@ -119,7 +119,8 @@ class DraftHeads(nn.Module):
         """Logits `(..., head_vocab_size)` of states `(..., hidden)`: with own projection number `projection`,
         or with the base's `lm_head` (the draft vocabulary's rows)."""
         if self.projections is not None:
-            return self.projections[projection](state)
+            layer = self.projections[projection]
+            return layer(state.to(layer.weight.dtype))  # a head without blocks passes the base's state as it is
         if self.token_ids is None and lm_head.weight.dtype == state.dtype:
             return lm_head(state)  # the module itself, with any hooks (device placement, sharding)
         weight, bias = self._shared_rows(lm_head, self.token_ids, state.dtype)

@@ -196,8 +196,9 @@ class GrownPool:
         ruled_out = torch.isneginf(self.scores.gather(1, chosen))  # (B, n)
         real = torch.cat([torch.ones_like(ruled_out[:, :1]), ~ruled_out], dim=1)
         tree_parents = torch.where(real, tree_parents, 0)  # padding hangs from the root
-        # Grown depth by depth with at most `branching` children per node: the sizes are known to the host.
-        depth = len(self.frontiers)
+        # Grown depth by depth with at most `branching` children per node, and no deeper than its nodes are many:
+        # the sizes are known to the host.
+        depth = min(len(self.frontiers), chosen.shape[1])
         trees = RowTrees.from_parents(
             tree_parents, real=real, validate=False, max_depth=depth, max_children=self.branching
         )
