@@ -399,6 +399,18 @@ def scaled_draft() -> PreTrainedModel:
     return CohereForCausalLM(config).eval()
 
 
+def granite_scaled_draft() -> PreTrainedModel:
+    """A draft that divides its logits after its lm_head (Granite's `logits_scaling`)."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(1)
+    config = GraniteConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, logits_scaling=4.0, **_SPECIAL,
+    )  # fmt: skip
+    return GraniteForCausalLM(config).eval()
+
+
 def zamba() -> PreTrainedModel:
     """A tiny Zamba: Mamba layers whose per-token states its modelling code does not record."""
     from tests.recurrent_models import recurrent_model
@@ -423,11 +435,15 @@ def _recurrent_draft_of_other_tokenizer(models: Models, path: str) -> Any:
     return generate(**prompts(tokenizer=word_tokenizer("a"), assistant_tokenizer=word_tokenizer("b")))
 
 
-def _heads_of(head_type: str, base: Callable[[], PreTrainedModel], **kwargs: Any) -> Call:
-    """The usual call on a Medusa path with fresh heads of `head_type` on `base()` (their `from_base` may refuse)."""
+def _heads_of(
+    head_type: str, base: Callable[[], PreTrainedModel], config: dict[str, Any] | None = None, **kwargs: Any
+) -> Call:
+    """The usual call on a Medusa path with fresh heads of `head_type` (and `config`'s `MedusaConfig` fields) on
+    `base()` (their `from_base` may refuse)."""
 
     def call(models: Models, path: str) -> Any:
-        heads = MedusaForCausalLM.from_base(models.shared(base), MedusaConfig(num_heads=2, head_type=head_type))
+        settings = MedusaConfig(num_heads=2, head_type=head_type, **(config or {}))
+        heads = MedusaForCausalLM.from_base(models.shared(base), settings)
         extra = {"medusa-dynamic": {"tree": DynamicTree(num_nodes=3)}, "medusa-lookup": {"prompt_lookup_num_tokens": 3}}
         return heads.generate(**prompts(medusa=True, **{**extra.get(path, {}), **kwargs}))
 
@@ -628,6 +644,9 @@ CASES: tuple[Case, ...] = (
          DRAFT_PATHS, _draft(lambda models: models.shared(softcapped_draft), assistant_vocab=list(range(48)))),
     Case("scaled-draft-vocab", ARGUMENTS, "`assistant_vocab=` with a draft that scales its logits (Cohere)",
          DRAFT_PATHS, _draft(lambda models: models.shared(scaled_draft), assistant_vocab=list(range(48)))),
+    Case("granite-scaled-draft-vocab", ARGUMENTS,
+         "`assistant_vocab=` with a draft that divides its logits (Granite's `logits_scaling`)", DRAFT_PATHS,
+         _draft(lambda models: models.shared(granite_scaled_draft), assistant_vocab=list(range(48)))),
     Case("tree-without-assistant", ARGUMENTS, "`tree=` without `assistant=`", ("lookup",), _call(tree=4)),
     Case("tree-name", ARGUMENTS, "a preset name as a draft model's `tree=`", ("tree",), _call(tree="medium")),
     Case("tree-of-no-nodes", ARGUMENTS, "a draft model's `tree=0`", ("tree",), _call(tree=0)),
@@ -682,6 +701,9 @@ CASES: tuple[Case, ...] = (
     Case("eagle-decoder-that-cannot-run", HEADS,
          "EAGLE heads on a base whose family cannot run as a decoder of full-attention layers (Zamba2)",
          MEDUSA_PATHS, _heads_of("eagle", _zamba2)),
+    Case("eagle3-feature-layers-past-the-base", HEADS,
+         "EAGLE-3 heads reading hidden states past the base's layers (`feature_layers=`)", MEDUSA_PATHS,
+         _heads_of("eagle3", _llama_target, {"feature_layers": [0, 5]})),
     Case("eagle3-without-attention", HEADS, "EAGLE-3 heads on a base without attention (Mamba)", MEDUSA_PATHS,
          _heads_of("eagle3", _mamba)),
     Case("eagle-final-norm-unknown", HEADS, "EAGLE heads on a base with two final norms to choose from (BLOOM)",
@@ -689,7 +711,7 @@ CASES: tuple[Case, ...] = (
     Case("heads-on-projected-states", HEADS,
          "heads on a base whose lm_head reads a projection of its last hidden state (OPT's `word_embed_proj_dim`)",
          MEDUSA_PATHS, _heads_of("medusa", _opt_projected)),
-    Case("dynamic-tree-deeper-than-heads", HEADS, "a `DynamicTree` deeper than there are heads", ("medusa-dynamic",),
+    Case("dynamic-tree-deeper-than-heads", HEADS, "a `DynamicTree` deeper than there are heads", MEDUSA_PATHS,
          _call(tree=DynamicTree(num_nodes=3, depth=3))),
     Case("unknown-acceptance", HEADS, "an unknown `medusa_acceptance`", MEDUSA_PATHS,
          _call(medusa_acceptance="greedy")),

@@ -211,6 +211,7 @@ def test_a_dynamic_tree_deeper_than_the_tokens_left_is_cut_to_them(seed: str) ->
         ("502:medusa:28", "medusa"),  # the same with EAGLE-3 heads, one node (CRASH)
         ("502:medusa:96", "medusa"),  # EAGLE-3 heads on DeepSeek-V3, whose config's key/value heads do not group
         ("503:medusa_lookup:93", "medusa_lookup"),  # heads without blocks on a bf16 base with float32 states
+        ("1207:medusa_lookup:197", "medusa_lookup"),  # EAGLE heads on Lara-Mini, whose config validates its window
     ],
 )
 def test_cases_the_fuzzer_found(seed: str, path: str) -> None:

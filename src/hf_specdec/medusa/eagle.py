@@ -168,7 +168,10 @@ def decoder_config(
             ) from error
     for name in ("sliding_window", "use_sliding_window"):
         if hasattr(config, name):
-            setattr(config, name, None if name == "sliding_window" else False)
+            try:
+                setattr(config, name, None if name == "sliding_window" else False)
+            except Exception:  # a config that validates its fields (Lara-Mini's): a window past any text
+                setattr(config, name, max(int(getattr(config, "max_position_embeddings", 0) or 0), 1 << 20))
     # The base's own attention where it is eager (some models run no other), else SDPA: both take 4D masks.
     config._attn_implementation = "eager" if getattr(base_config, "_attn_implementation", None) == "eager" else "sdpa"
     return config
