@@ -10,7 +10,8 @@
 # Cost and result on a 2-core CPU (docs/training.md, How acceptance grows with data): self-distillation about 65 min,
 # 150 steps of 5.8 s, about 8 min to measure each point; at step 150 (0.21M tokens) held-out top-1 0.346 / 0.295 /
 # 0.262 / 0.231, expected tau 1.87, decoding tau 1.50 with tree=8.
-# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here (the
+# prompts are exported all the same, for the run to reuse).
 set -euo pipefail
 out=${1:-heads/qwen15-eagle3-curve}
 data=$out/data

@@ -7,7 +7,8 @@
 #   bash recipes/eagle3_smollm2_cpu.sh [OUTPUT_DIR]
 # Cost and result on a 2-core CPU (docs/training.md, Recipes): 12 min 35 s; held-out top-1 0.351 / 0.297 / 0.263 /
 # 0.238; decodes at tau 1.47 (1.19x plain) with tree=16, 2.24 (1.65x) with prompt lookup.
-# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here (the
+# prompts are exported all the same, for the run to reuse).
 set -euo pipefail
 out=${1:-heads/smollm2-eagle3}
 data=$out/data
@@ -20,4 +21,8 @@ python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base smollm2-13
     --output_dir "$out" --num_train_epochs 4 --per_device_train_batch_size 8 --learning_rate 1e-3 \
     --warmup_steps 20 --lr_scheduler_type cosine --bf16 --use_cpu --save_strategy no --report_to none \
     --eval_fraction 0.05 --logging_steps 20
-echo "Heads in $out."
+if [ -n "${DRY_RUN:-}" ]; then
+    echo "Dry run: nothing trained; the exported prompts stay in $data for the run to reuse."
+else
+    echo "Heads in $out."
+fi

@@ -11,7 +11,8 @@
 # Cost and result on a 2-core CPU (docs/training.md, How acceptance grows with data): 850 steps of 2 to 6.6 s on a
 # quiet machine (the measured run shared it), 2.26M tokens; the last checkpoint's held-out top-1 0.391 / 0.327 /
 # 0.309 / 0.286, expected tau 2.05, decoding tau 1.52 with tree=16.
-# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here (the
+# prompts are exported all the same, for the run to reuse).
 set -euo pipefail
 out=${1:-heads/smollm2-eagle3-curve}
 data=$out/data

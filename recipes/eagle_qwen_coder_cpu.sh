@@ -10,7 +10,8 @@
 #   bash recipes/eagle_qwen_coder_cpu.sh [OUTPUT_DIR]
 # Cost and result on a 2-core CPU (docs/training.md, Recipes): 44 min 19 s; held-out top-1 0.401 / 0.375 / 0.365 /
 # 0.355; decodes at tau 1.67 (1.55x plain) with tree=8, 2.38 (1.98x) with tree=16 and prompt lookup.
-# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here (the
+# prompts are exported all the same, for the run to reuse).
 set -euo pipefail
 out=${1:-heads/qwen15-eagle}
 data=$out/data
@@ -26,4 +27,8 @@ python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base qwen2.5-co
     --num_train_epochs 3 --per_device_train_batch_size 8 --learning_rate 6e-4 --warmup_steps 10 \
     --lr_scheduler_type cosine --bf16 --use_cpu --save_strategy no --report_to none --eval_fraction 0.05 \
     --logging_steps 20
-echo "Heads in $out."
+if [ -n "${DRY_RUN:-}" ]; then
+    echo "Dry run: nothing trained; the exported prompts stay in $data for the run to reuse."
+else
+    echo "Heads in $out."
+fi

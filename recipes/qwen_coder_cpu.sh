@@ -6,7 +6,8 @@
 #   bash recipes/qwen_coder_cpu.sh [OUTPUT_DIR]
 # Cost and result on a 2-core CPU (docs/training.md, Recipes): 81 min 42 s; held-out top-1 0.523 / 0.411 / 0.375 /
 # 0.351; decodes at tau 1.97 (1.62x plain) with tree=8, 2.56-2.58 (2.06-2.20x) with tree=5 and prompt lookup.
-# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here.
+# DRY_RUN=1 prints the plan instead of training: the data counted, each stage timed on one batch here (the
+# prompts are exported all the same, for the run to reuse).
 set -euo pipefail
 out=${1:-heads/qwen15-cpu}
 data=$out/data
@@ -21,4 +22,8 @@ python "$(dirname "$0")/train_medusa.py" ${DRY_RUN:+--dry_run} --base qwen2.5-co
     --head_vocab_size 16384 --max_length 288 --output_dir "$out" --num_train_epochs 2 \
     --per_device_train_batch_size 8 --learning_rate 3e-3 --warmup_steps 10 --lr_scheduler_type cosine --bf16 \
     --use_cpu --save_strategy no --report_to none --eval_fraction 0.05 --tree_nodes 16
-echo "Heads in $out."
+if [ -n "${DRY_RUN:-}" ]; then
+    echo "Dry run: nothing trained; the exported prompts stay in $data for the run to reuse."
+else
+    echo "Heads in $out."
+fi

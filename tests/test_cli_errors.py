@@ -387,3 +387,19 @@ def test_help_shows_defaults_and_zoo_names(command: str, shown: list[str], capsy
     assert code == 0
     for text in shown:
         assert text in out
+
+
+def test_a_hub_id_that_cannot_be_loaded_is_refused_with_what_to_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreachable or misspelt Hub id ends with what was tried and what to pass (a `ValueError`, one line from
+    the commands), not a traceback."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.zoo import load_model
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", offline)
+    with pytest.raises(ValueError, match="'someone/no-such-model' is neither a zoo model") as error:
+        load_model("someone/no-such-model")
+    assert "couldn't connect" in str(error.value) and "Hub id this machine can download" in str(error.value)

@@ -1,5 +1,6 @@
 """`hf-specdec demo` on tiny random models (the real pair is loaded only by the command itself): what it prints
-before the timings, the warm-up of both models, and step counts that agree with the statistics."""
+before the timings, the warm-up of both models, a line per timed run, the verdict on the runs it shows, and step
+counts that agree with the statistics."""
 
 from __future__ import annotations
 
@@ -129,6 +130,13 @@ def test_demo_warms_up_both_models_on_every_path_before_timing(world: DemoWorld,
     assert len(world.timed) == 3 and timed == 6
 
 
+def test_demo_prints_a_line_per_run_and_judges_the_runs_it_shows(world: DemoWorld, capsys) -> None:
+    out = _run(PROMPTS[:1], capsys, repeats=2, max_new_tokens=12)
+    for line in ("target loaded", "warm-up, draft + lookup", "timed run 1 of 2, plain", "timed run 2 of 2, draft"):
+        assert line in out, line
+    assert out.count("tokens: identical to plain generate()'s (2 of 2 timed runs identical)") == 2
+
+
 def test_demo_help_says_what_it_prints_and_how_it_times(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
@@ -175,3 +183,14 @@ def test_demo_step_counts_agree_with_the_statistics(world: DemoWorld, capsys) ->
     assert lookup is not None and lookup_run.stats is not None
     assert int(lookup.group(1)) == lookup_run.stats.lookup_steps
     assert int(lookup.group(2)) == sum(lookup_run.stats.verify_widths.values())
+
+
+def test_demo_warns_where_packed_weights_would_not_fit(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    model = tiny_model("llama", seed=0)
+    monkeypatch.setattr(demo, "available_memory", lambda: 1000)
+    demo._warn_if_packing_does_not_fit(model, model)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: packing the linear layers keeps a second copy") and "--no-pack-linears" in err
+    monkeypatch.setattr(demo, "available_memory", lambda: 10**12)
+    demo._warn_if_packing_does_not_fit(model, model)
+    assert capsys.readouterr().err == ""

@@ -71,3 +71,21 @@ def test_a_training_run_records_the_dtype_auto_chose(monkeypatch) -> None:
     assert MedusaTrainingConfig(base="smollm2-135m", data="records.jsonl", dtype="auto").dtype == "bfloat16"
     with pytest.raises(ValueError, match="dtype must be one of"):
         MedusaTrainingConfig(base="smollm2-135m", data="records.jsonl", dtype="fp8")
+
+
+def test_the_cpu_case_names_the_cpu_and_what_auto_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "cpuinfo", lambda field: "Some CPU" if field == "model name" else None)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: AVX2)
+    assert machine.cpu_case().startswith("cpu: Some CPU, without AVX512-BF16 or AMX")
+    assert "--dtype auto picks float32" in machine.cpu_case()
+    monkeypatch.setattr(machine, "cpu_flags", lambda: AVX2 | {"amx_bf16", "avx512_bf16"})
+    assert machine.cpu_case() == (
+        "cpu: Some CPU, with amx_bf16 and avx512_bf16: bfloat16 runs fast here, and --dtype auto picks it"
+    )
+    monkeypatch.setattr(machine, "cpu_flags", lambda: None)
+    assert "unknown here: --dtype auto picks float32" in machine.cpu_case()
+
+
+def test_available_memory_is_read_where_linux_gives_it() -> None:
+    available = machine.available_memory()
+    assert available is None or available > 0

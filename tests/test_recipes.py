@@ -29,7 +29,7 @@ def commands(script: Path) -> list[list[str]]:
         line = line.split(" #")[0].strip()
         if line.startswith("[ -s") and "||" in line:  # `[ -s FILE ] || command`: the command
             line = line.split("||", 1)[1].strip()
-        skipped = ("#", "set ", "mkdir", "if ", "fi", "echo", "head ", "tail ", "[ -z")
+        skipped = ("#", "set ", "mkdir", "if ", "else", "fi", "echo", "head ", "tail ", "[ -z")
         if not line or line.startswith(skipped) or "=" in line.split()[0]:
             continue
         line = line.replace('$(dirname "$0")', "recipes")

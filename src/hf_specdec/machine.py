@@ -46,6 +46,31 @@ def fast_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cpu") and cpu_has_fast_bf16() else torch.float32
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to new work (Linux's MemAvailable); `None` where /proc/meminfo cannot be read."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as lines:
+        for line in lines:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def cpu_case() -> str:
+    """One line: the CPU, and which of the two cases the library's CPU figures come in it is (bfloat16 fast, with
+    AVX512-BF16 or AMX; or float32 with packed linear layers, with AVX2 alone), as `--dtype auto` decides."""
+    name = cpuinfo("model name") or "a CPU whose model /proc/cpuinfo does not give"
+    fast = cpu_has_fast_bf16()
+    if fast is None:
+        return f"cpu: {name}, its instruction set unknown here: --dtype auto picks float32"
+    if fast:
+        found = sorted(FAST_BF16_FLAGS & (cpu_flags() or frozenset()))
+        return f"cpu: {name}, with {' and '.join(found)}: bfloat16 runs fast here, and --dtype auto picks it"
+    return (
+        f"cpu: {name}, without AVX512-BF16 or AMX: bfloat16 is slow here, so --dtype auto picks float32 (the demo "
+        "packs its linear layers, `hf_specdec.pack_linears`)"
+    )
+
+
 def slow_bf16_warning(device: str, dtype: torch.dtype) -> str | None:
     """A warning for bf16 models on a CPU that has none of `FAST_BF16_FLAGS` (`None` elsewhere, and where the flags
     cannot be read)."""

@@ -337,8 +337,17 @@ def load_model(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTraine
         with `padding_side="left"` and a pad token (the eos token when it has none).
     """
     source = pretrained_source(name)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+    except OSError as error:
+        if source != name:  # a zoo model's or a local folder's files: their own error says which
+            raise
+        raise ValueError(
+            f"{name!r} is neither a zoo model ({', '.join(ZOO)}) nor a local folder, and loading it as a Hub id "
+            f"failed ({type(error).__name__}: {' '.join(str(error).split())[:300]}). Pass a zoo name, a folder, or "
+            "a Hub id this machine can download (or has in its Hugging Face cache)."
+        ) from error
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config.pad_token_id is None:

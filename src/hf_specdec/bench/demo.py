@@ -7,6 +7,7 @@ and the run of median time is the one shown, with the range of all its runs.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass
@@ -17,10 +18,9 @@ from transformers import PreTrainedModel
 
 import hf_specdec
 from hf_specdec.api.entry import DEFAULT_NUM_ASSISTANT_TOKENS
+from hf_specdec.bench.demo_verdict import partings, verdict_lines
 from hf_specdec.bench.prompts import chat_inputs
-from hf_specdec.bench.runner import BF16_TIE_GAP, compare_to_plain, row_lengths
-from hf_specdec.generation.validation import eos_token_ids
-from hf_specdec.machine import slow_bf16_warning
+from hf_specdec.machine import available_memory, cpu_case, slow_bf16_warning
 from hf_specdec.zoo import load_model
 
 # One prompt: batch size 1, the latency case. Pass several --prompt for a batch.
@@ -135,18 +135,23 @@ def timed_generate(model: PreTrainedModel, inputs: dict, pad: int | None, **kwar
 
 def warm_up(target: PreTrainedModel, inputs: dict, paths: dict[str, dict[str, Any]]) -> None:
     """Run every path once on a few tokens, untimed: the target on all of them, the draft on those that use it."""
-    for kwargs in paths.values():
+    for name, kwargs in paths.items():
+        start = time.perf_counter()
         target.generate(**inputs, **dict(kwargs, max_new_tokens=min(kwargs["max_new_tokens"], WARM_UP_TOKENS)))
+        print(f"  warm-up, {name}: {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def time_paths(
     target: PreTrainedModel, inputs: dict, pad: int | None, paths: dict[str, dict[str, Any]], repeats: int
 ) -> dict[str, Timings]:
-    """Time each path `repeats` times, the paths in turn (so that a slow spell of the machine falls on all)."""
+    """Time each path `repeats` times, the paths in turn (so that a slow spell of the machine falls on all), with a
+    line per run."""
     runs: dict[str, list[Run]] = {name: [] for name in paths}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for name, kwargs in paths.items():
-            runs[name].append(timed_generate(target, inputs, pad, **kwargs))
+            run = timed_generate(target, inputs, pad, **kwargs)
+            runs[name].append(run)
+            print(f"  timed run {repeat + 1} of {repeats}, {name}: {run.seconds:.1f} s", flush=True)
     return {name: Timings(path_runs) for name, path_runs in runs.items()}
 
 
@@ -180,14 +185,19 @@ def run_demo(
     pack_linears: bool = False,
 ) -> bool:
     """Print the prompts, the settings, both generations with their speed and the speculative steps (after a
-    warm-up of both models, each path timed `repeats` times); returns whether every speculative run's tokens were
-    identical to plain `generate()`'s. `pack_linears`: both models' linear layers through oneDNN
+    warm-up of both models, each path timed `repeats` times, a line per run), and the verdict on the runs shown
+    (`demo_verdict`); returns whether every speculative run gave plain `generate()`'s tokens (in bfloat16: parted
+    from them only at numerical ties). `pack_linears`: both models' linear layers through oneDNN
     (`hf_specdec.pack_linears`), for plain and speculative decoding alike."""
     print(f"loading target {target_name} and draft {draft_name} ({dtype}) ...", flush=True)
+    start = time.perf_counter()
     target, tokenizer = load_model(target_name, dtype=dtype)
+    print(f"  target loaded ({time.perf_counter() - start:.0f} s)", flush=True)
     draft, _ = load_model(draft_name, dtype=dtype)
+    print(f"  draft loaded ({time.perf_counter() - start:.0f} s)", flush=True)
     hf_specdec.speculative(target)
     if pack_linears:
+        _warn_if_packing_does_not_fit(target, draft)
         hf_specdec.pack_linears(target)
         hf_specdec.pack_linears(draft)
     if (slow := slow_bf16_warning(str(target.device), dtype)) is not None:
@@ -198,11 +208,13 @@ def run_demo(
     spec = dict(greedy, assistant=draft)
     if num_assistant_tokens is not None:
         spec["num_assistant_tokens"] = num_assistant_tokens
-    paths = {"plain": greedy, "draft": spec, "lookup": dict(spec, prompt_lookup_num_tokens=LOOKUP_TOKENS)}
+    paths = {"plain": greedy, "draft": spec, "draft + lookup": dict(spec, prompt_lookup_num_tokens=LOOKUP_TOKENS)}
 
     for i, prompt in enumerate(prompts):
         print(f"prompt{f' {i + 1}' if len(prompts) > 1 else ''}: {prompt}")
     print(settings_line(len(prompts), dtype, target.device, max_new_tokens, num_assistant_tokens, pack_linears))
+    if target.device.type == "cpu":
+        print(cpu_case())
     runs = f"{repeats} runs of each path in turn; the median is shown" if repeats > 1 else "one run of each path"
     print(f"timing: an untimed warm-up of both models on every path, then {runs}")
     print(
@@ -212,7 +224,7 @@ def run_demo(
     )
     warm_up(target, inputs, paths)
     timings = time_paths(target, inputs, pad, paths, repeats)
-    plain, fast, both = timings["plain"], timings["draft"], timings["lookup"]
+    plain, fast, both = timings["plain"], timings["draft"], timings["draft + lookup"]
 
     prompt_length = inputs["input_ids"].shape[1]
     for title, path in (("plain generate()", plain), ("generate(assistant=draft)", fast)):
@@ -225,44 +237,53 @@ def run_demo(
             print("---", tokenizer.decode(row, skip_special_tokens=True).strip())
 
     reference = plain.median
-    differing = _first_difference(reference, fast)
+    judge = functools.partial(_verdict, target, tokenizer, reference, inputs, dtype, len(prompts))
     fast_stats = fast.median.stats
     assert fast_stats is not None
-    print(f"\nspeedup {plain.seconds / fast.seconds:.2f}x, identical tokens: {'yes' if differing is None else 'no'}")
-    for line in StepReport.of(fast_stats).lines(len(prompts)):
+    fast_lines, fast_passed = judge(fast)
+    print(f"\nspeedup {plain.seconds / fast.seconds:.2f}x (median runs)")
+    for line in [*fast_lines, *StepReport.of(fast_stats).lines(len(prompts))]:
         print(line)
-    if differing is not None:
-        _explain_divergences(target, reference, differing, inputs)
 
-    both_differing = _first_difference(reference, both)
     both_stats = both.median.stats
     assert both_stats is not None
+    both_lines, both_passed = judge(both)
     print(
-        f"with prompt lookup too (generate(assistant=draft, prompt_lookup_num_tokens={LOOKUP_TOKENS})): "
+        f"\nwith prompt lookup too (generate(assistant=draft, prompt_lookup_num_tokens={LOOKUP_TOKENS})): "
         f"speedup {plain.seconds / both.seconds:.2f}x, {both_stats.lookup_steps} of "
-        f"{StepReport.of(both_stats).steps} steps drafted by lookup, "
-        f"identical tokens: {'yes' if both_differing is None else 'no'}"
+        f"{StepReport.of(both_stats).steps} steps drafted by lookup"
     )
-    if both_differing is not None:
-        _explain_divergences(target, reference, both_differing, inputs)
-    return differing is None and both_differing is None
+    for line in both_lines:
+        print(line)
+    return fast_passed and both_passed
 
 
-def _first_difference(plain: Run, path: Timings) -> Run | None:
-    """The first run of `path` whose tokens differ from plain's, if any."""
-    return next((run for run in path.runs if not torch.equal(plain.sequences, run.sequences)), None)
+def _verdict(
+    target: PreTrainedModel,
+    tokenizer: Any,
+    plain: Run,
+    inputs: dict,
+    dtype: torch.dtype,
+    batch_size: int,
+    path: Timings,
+) -> tuple[list[str], bool]:
+    """The verdict on `path`: its median run (the one shown) and its other timed runs against plain's median run."""
+    shown = path.median
+    others = [run for run in path.runs if run is not shown]
+    found = [partings(target, tokenizer, plain.sequences, run.sequences, inputs) for run in [shown, *others]]
+    return verdict_lines(found[0], found[1:], dtype, batch_size)
 
 
-def _explain_divergences(target: PreTrainedModel, plain: Run, fast: Run, inputs: dict) -> None:
-    """Say where the outputs part and whether it is a numerical tie (expected in bf16) or a real difference."""
-    lengths = row_lengths(plain.sequences, inputs["input_ids"].shape[1], eos_token_ids(target))
-    _, divergences = compare_to_plain(target, plain.sequences, fast.sequences, inputs, lengths)
-    for d in divergences:
-        gap = d["gap"]
-        kind = "a numerical tie" if gap is not None and abs(gap) <= BF16_TIE_GAP else "NOT a tie: please report it"
-        gap_text = "n/a" if gap is None else f"{gap:.3f}"
+def _warn_if_packing_does_not_fit(*models: PreTrainedModel) -> None:
+    """Packing keeps a second copy of every linear layer's weights: warn where the memory available cannot hold it
+    (the demo's pair in float32: 18 GB at its peak, against 4.8 GB in bfloat16)."""
+    needed = sum(parameter.numel() * parameter.element_size() for model in models for parameter in model.parameters())
+    available = available_memory()
+    if available is not None and needed > available:
         print(
-            f"row {d['row']}: first difference at generated token {d['position']}, the target's logit gap "
-            f"between the two tokens is {gap_text}, {kind}. In bf16 a forward over several tokens rounds "
-            "differently from one over a single token; in float32 (--dtype float32) the outputs are identical."
+            f"warning: packing the linear layers keeps a second copy of their weights, about {needed / 1e9:.1f} GB "
+            f"more, and {available / 1e9:.1f} GB of memory is available: the machine may swap or stop the run. "
+            "Pass --no-pack-linears (slower float32 products), or run where more memory is free.",
+            file=sys.stderr,
+            flush=True,
         )

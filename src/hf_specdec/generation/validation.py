@@ -116,9 +116,10 @@ def check_models(
     target_size, draft_size = output_vocab_size(target), output_vocab_size(draft)
     if target_size != draft_size:
         raise ValueError(
-            f"The target scores {target_size} tokens and the draft {draft_size}. If they share a tokenizer "
-            "(embeddings padded to different sizes), pass `tokenizer=` and `assistant_tokenizer=` to "
-            "`generate()` so the vocabularies can be checked and mapped; otherwise the draft cannot be used."
+            f"The target scores {target_size} tokens and the draft {draft_size}: pass each model's tokenizer to "
+            "`generate()` (`tokenizer=` and `assistant_tokenizer=`). Sharing a tokenizer (embeddings padded to "
+            "different sizes), the draft's ids are then checked and used as they are; with another tokenizer, its "
+            "drafts reach the target as text."
         )
     # EOS ids legitimately differ between a base and an instruct model of one tokenizer (the target's
     # decide when to stop); a different BOS id means a different tokenizer.
