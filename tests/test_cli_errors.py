@@ -375,7 +375,7 @@ def test_good_input_reaches_the_work(tmp_path: Path, capsys, sandbox) -> None:
 @pytest.mark.parametrize(
     ("command", "shown"),
     [
-        ("demo", ["(default: 96)", "(default: auto)", *ZOO]),
+        ("demo", ["(default: 64)", "(default: auto)", *ZOO]),
         ("bench", ["(default: 12)", "(default: bench_results)", "(default: plain,hf-assistant", *ZOO]),
         ("data", ["(default: 1000)", "(default: 0.0)"]),
         ("simulate", ["(default: 0..8)", "(default: 0.8)", "(default: 2.0)"]),

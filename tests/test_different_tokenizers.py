@@ -423,7 +423,7 @@ def test_what_a_draft_of_another_tokenizer_cannot_take_is_refused(extra: dict, m
 
 def test_another_vocabulary_without_both_tokenizers_is_refused() -> None:
     target, draft, target_tokenizer, draft_tokenizer = setup("bpe")
-    with pytest.raises(ValueError, match="pass `tokenizer=` and `assistant_tokenizer=`"):
+    with pytest.raises(ValueError, match="pass each model's tokenizer"):
         target.generate(**_prompts(target_tokenizer, 1), max_new_tokens=5, assistant=draft)
     with pytest.raises(ValueError, match="needs `tokenizer=` too"):
         target.generate(

@@ -328,8 +328,11 @@ def test_eagle_heads_on_bases_with_per_layer_settings_or_eager_attention_keep_pl
     assert torch.equal(heads.generate(**call, medusa=True, speculative_costs=COSTS), base.generate(**call))
 
 
-def test_a_model_that_cannot_take_a_4d_mask_or_keeps_no_cache_is_refused_at_its_first_forward() -> None:
+def test_a_model_whose_forward_takes_no_cache_is_refused_before_any_forward() -> None:
     gpt = _config_model("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", n_embd=32, n_layer=1, n_head=4, n_positions=64)
     ids, mask = ragged_batch(2)
-    with pytest.raises(ValueError, match="OpenAIGPTLMHeadModel cannot run a forward with the custom 4D attention mask"):
+    forwards = []
+    gpt.register_forward_pre_hook(lambda *args: forwards.append(1))
+    with pytest.raises(ValueError, match=r"The target \(OpenAIGPTLMHeadModel\) keeps no KV cache"):
         hf_specdec.speculative(gpt).generate(input_ids=ids, attention_mask=mask, prompt_lookup_num_tokens=3)
+    assert not forwards

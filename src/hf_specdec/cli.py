@@ -63,7 +63,7 @@ def _add_demo_parser(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--target", type=model_source, default="qwen2.5-coder-1.5b", help=MODEL_HELP)
     demo.add_argument("--draft", type=model_source, default="qwen2.5-coder-0.5b", help=MODEL_HELP)
     demo.add_argument("--prompt", type=non_empty, action="append", help="a prompt (repeat for a batch); default: one")
-    demo.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens to generate per prompt")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate per prompt")
     demo.add_argument("--num-assistant-tokens", type=positive_int, help="tokens drafted per step (at most)")
     demo.add_argument("--dtype", choices=MODEL_DTYPES, default="auto", help=MODEL_DTYPE_HELP)
     demo.add_argument(

@@ -51,6 +51,7 @@ from transformers import (
 )
 
 from hf_specdec.extras import require
+from hf_specdec.heartbeat import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +289,8 @@ def model_path(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{entry.name}.tmp-") as tmp:
         gguf_path = fetch_gguf(entry, Path(tmp) / "gguf")
-        convert_gguf(gguf_path, Path(tmp) / "model")
+        with heartbeat(f"converting {entry.name} from its GGUF to bfloat16, once (about a minute per GB of GGUF)"):
+            convert_gguf(gguf_path, Path(tmp) / "model")
         _publish(Path(tmp) / "model", target)
     logger.info("Converted %s into %s", entry.name, target)
     return target

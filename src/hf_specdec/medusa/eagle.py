@@ -26,7 +26,7 @@ import copy
 
 import torch
 from torch import nn
-from transformers import AutoModel, LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, DynamicCache, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from hf_specdec.medusa.sequence_heads import SequenceHeads
 from hf_specdec.trees.dynamic import DynamicTree
@@ -106,12 +106,12 @@ class EagleHeads(SequenceHeads):
             config = copy.deepcopy(layer_config)
             config.num_hidden_layers = num_layers
         self.decoder: PreTrainedModel = AutoModel.from_config(config)
-        if layer_config is None:
-            _check_runs(self.decoder, hidden_size)
         self.decoder.get_input_embeddings().requires_grad_(False)  # fed vectors: it embeds no token
         drop_final_norm(self.decoder)
         if not input_norms:
             drop_first_input_norm(self.decoder)
+        if layer_config is None:
+            _check_runs(self.decoder, hidden_size)
 
     def embed(self, tokens: torch.Tensor, embeddings: nn.Module) -> torch.Tensor:
         embedded = embeddings(tokens).to(device=self.fc.weight.device, dtype=self.dtype)
@@ -129,7 +129,13 @@ def _check_runs(decoder: PreTrainedModel, hidden_size: int) -> None:
     dtype = next(decoder.parameters()).dtype
     try:
         with torch.no_grad():
-            decoder(inputs_embeds=torch.zeros(1, 2, hidden_size, dtype=dtype), use_cache=True)
+            decoder(
+                inputs_embeds=torch.zeros(1, 2, hidden_size, dtype=dtype),
+                attention_mask=torch.zeros(1, 1, 2, 2, dtype=dtype),  # a 4D mask, as decoding passes one
+                position_ids=torch.arange(2)[None],
+                cache=DynamicCache(),
+                use_cache=True,
+            )
     except (RuntimeError, IndexError, KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(
             f"EAGLE heads build their decoder from the base's own family, and {type(decoder).__name__} cannot run as "
