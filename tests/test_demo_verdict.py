@@ -45,7 +45,7 @@ def test_a_run_parting_at_a_tie_is_explained_as_one(twin_tokens: tuple) -> None:
     assert "at generated token 3:" in text and "'w10'" in text and "'w11'" in text
     assert "within bfloat16's rounding" in text and "--dtype float32" in text
     lines, passed = verdict_lines(found, [[]], torch.bfloat16, 1)
-    assert passed and lines[0].startswith("tokens: the run shown parts from plain's") and "(1 of 2" in lines[0]
+    assert passed and lines[0].startswith("tokens: the median run parts from plain's") and "(1 of 2" in lines[0]
     assert not verdict_lines(found, [], torch.float32, 1)[1]  # float32 holds to identical tokens
     lines, passed = verdict_lines([], [found], torch.bfloat16, 1)  # the run shown identical, another at a tie
     assert passed and lines[0] == "tokens: identical to plain generate()'s (1 of 2 timed runs identical)"

@@ -99,7 +99,7 @@ def verdict_lines(
     if not shown:
         lines = [f"tokens: identical to plain generate()'s{count}"]
     else:
-        lines = [f"tokens: the run shown {describe(shown[0], dtype, batch_size)}{count}"]
+        lines = [f"tokens: the median run {describe(shown[0], dtype, batch_size)}{count}"]
         lines += [f"  also {describe(parting, dtype, batch_size)}" for parting in shown[1:]]
     other_real = [parting for parts in others for parting in parts if not parting.tie]
     lines += [f"  another timed run {describe(parting, dtype, batch_size)}" for parting in other_real[:1]]
