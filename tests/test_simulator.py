@@ -402,3 +402,10 @@ def test_simulator_page_examples_run(capsys: pytest.CaptureFixture[str]) -> None
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(page), "exec"), namespace)
+
+
+def test_the_table_says_when_its_alpha_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run(["--tree-probs", "[[0.6,0.15],[0.4]]", "--tree-sizes", "1..3", "--cost-ratio", "0.05"], capsys)
+    assert out.startswith("alpha 0.8 for the chains (the default: --alpha sets it); ")
+    _, out, _ = _run(["--alpha", "0.7", "--cost-ratio", "0.05"], capsys)
+    assert out.startswith("alpha 0.7; draft cost ratio")

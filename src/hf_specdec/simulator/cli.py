@@ -123,7 +123,9 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    sim.add_argument("--alpha", type=_floats, default="0.8", help="acceptance rate, or rates by position: 0.9,0.8")
+    sim.add_argument(
+        "--alpha", type=_floats, default=None, help="acceptance rate, or rates by position: 0.9,0.8 (default: 0.8)"
+    )
     sim.add_argument(
         "--gamma", type=_int_range, default="0..8", help=f"draft lengths: 4, 1,2,4 or 1..8 (<= {MAX_TOKENS})"
     )
@@ -225,6 +227,9 @@ def _require_cost_ratio(args: argparse.Namespace) -> None:
         )
 
 
+DEFAULT_ALPHA = 0.8  # the chains' acceptance rate when --alpha is not given
+
+
 def _check_acceptance(args: argparse.Namespace) -> None:
     """Refuse acceptance figures the predictions cannot use (out of [0, 1], too few rates by position, trees larger
     than --tree-probs allows), before the costs: these errors hold whatever the costs."""
@@ -280,7 +285,10 @@ def _add_monte_carlo(args: argparse.Namespace, costs: _Costs, predictions: list[
 
 def _print_table(args: argparse.Namespace, costs: _Costs, rows: list[dict]) -> None:
     chains = any(row["kind"] == "chain" and row["draft_length"] > 0 for row in rows)
-    alphas = f"alpha {','.join(f'{a:g}' for a in args.alpha)}; " if chains else ""
+    alphas = f"alpha {','.join(f'{a:g}' for a in args.alpha)}" if chains else ""
+    if alphas and not getattr(args, "alpha_given", True):
+        alphas += " for the chains (the default: --alpha sets it)"
+    alphas += "; " if alphas else ""
     print(f"{alphas}draft cost ratio c = {costs.cost_ratio:.4g}; {costs.description}")
     header = f"  {'kind':<6}{'depth':>6}{'nodes':>6}{'tau':>8}{'cost':>8}{'speedup':>9}"
     header += f"{'ms/tok':>9}" if costs.target_ms is not None else ""
@@ -301,6 +309,9 @@ def _print_table(args: argparse.Namespace, costs: _Costs, rows: list[dict]) -> N
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Run `hf-specdec simulate` on parsed arguments; returns the exit status."""
+    args.alpha_given = args.alpha is not None
+    if args.alpha is None:
+        args.alpha = [DEFAULT_ALPHA]
     try:
         _check_acceptance(args)
         costs = _costs(args)
