@@ -331,7 +331,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, capsys, mode
             *extra.get(mode, []),
         ]
     )  # fmt: skip
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "planning: timing a training step ..." in captured.err  # a line before each silent stage
     assert not out.exists()
     # 20 examples, 5 held out; 15 in batches of 4 are 4 steps an epoch, 3 epochs.
     assert "data: 20 examples" in printed and "15 to train on, 5 to evaluate on" in printed

@@ -23,7 +23,8 @@ batches on small machines), the lookup's chain is still verified where its own r
 
 The draft's cache keeps, after each step, the committed tokens and the accepted path's nodes it was fed (moved
 into path order); the path's nodes it was never fed (a leaf, grafted nodes) are fed at the next step with the
-target's token.
+target's token. A draft with recurrent layers cannot take siblings side by side in a row: it grows its trees with
+each frontier node a row of its own (`hf_specdec.drafters.recurrent_tree`).
 """
 
 from __future__ import annotations

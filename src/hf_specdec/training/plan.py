@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, TrainingArguments
 
+from hf_specdec.heartbeat import heartbeat
 from hf_specdec.medusa import MedusaForCausalLM
 from hf_specdec.medusa.labels import IGNORE_INDEX
 from hf_specdec.training.data import tokenize_records
@@ -79,7 +80,8 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     """
     if config.lora:
         raise ValueError("--dry_run plans runs whose base is frozen; with --lora it trains: drop one.")
-    base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
+    with heartbeat(f"planning: loading {config.base}"):
+        base, tokenizer = load_model(config.base, dtype=DTYPES[config.dtype])
     drop_quantization_flags(base)
     base.to(training_args.device)
     sources = [config.data] if config.self_distill else [source for source in config.data.split(",") if source]
@@ -111,7 +113,9 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
     model = _heads(config, base)
     speculative = config.distill_kwargs(base)  # empty without --distill_draft / --distill_prompt_lookup
     if config.self_distill:
-        plan.stages.append(_self_distill_stage(config, base, tokenizer, prompts, training_args.world_size, speculative))
+        with heartbeat("planning: timing self-distillation on one batch"):
+            stage = _self_distill_stage(config, base, tokenizer, prompts, training_args.world_size, speculative)
+        plan.stages.append(stage)
     if config.eval_data and (config.self_distill or config.eval_self_distill):
         held = source_records(config, config.eval_data, None)
         eval_prompts = [m for r in held if (m := prompt_messages(r, config.messages_column))]
@@ -122,7 +126,8 @@ def plan_training(config: MedusaTrainingConfig, training_args: TrainingArguments
         plan.stages.append(Stage("hidden states", f"cached once, {plan.tokens:,} tokens", rate * plan.tokens))
     cached = config.cache_hidden_states
     settings = {"soft_targets": config.soft_targets, "relabel_with_base": config.relabel_with_base and not cached}
-    step = _step_seconds(model, shape, training_args, cached, settings)
+    with heartbeat("planning: timing a training step"):
+        step = _step_seconds(model, shape, training_args, cached, settings)
     where = "from cached states" if cached else "the base's states computed in each step"
     plan.stages.append(
         Stage("training", f"{steps:,} steps of {per_step} examples, {where}, {step:.2f} s a step", step * steps)
