@@ -14,7 +14,8 @@ and the bookkeeping's share of a step. Nothing else may run on the machine meanw
 
     python tools/recurrent_cost.py --dtype bfloat16 --batch 1 --widths 1 2 4 8
 
-With `--tree small`, also a static tree of 4 heads verified path by path against a chain as deep.
+With `--tree small`, also a static tree of 4 heads verified path by path against a chain as deep; with
+`--draft-frontier F`, also one depth of a tree this model grows as a draft, its frontier F rows a row.
 """
 
 from __future__ import annotations
@@ -124,6 +125,33 @@ def measure_tree(model: Qwen3_5ForCausalLM, batch: int, prompt: int, preset: str
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
+@torch.no_grad()
+def measure_draft_depth(model: Qwen3_5ForCausalLM, batch: int, prompt: int, frontier: int, steps: int) -> dict:
+    """Median seconds of one depth of a tree grown by this model as a draft (`drafters.recurrent_tree`): every row
+    copied `frontier` times (its frontier nodes' rows) and one token fed to each, against one token fed to each row
+    (a chain's draft step)."""
+    timings: dict[str, list[float]] = {"tree depth": [], "chain step": []}
+    for kind in timings:
+        seq = CachedSequence(model, batch, torch.device("cpu"))
+        ids = torch.randint(10, 1000, (batch, prompt))
+        seq.forward(ids, None, torch.arange(prompt).expand(batch, -1), chain_structure(prompt, "cpu"), 1)
+        for step in range(steps):
+            copies = frontier if kind == "tree depth" else 1
+            start = time.perf_counter()
+            if copies > 1:
+                seq.fork(copies)
+            rows = batch * copies
+            seq.forward(
+                torch.randint(10, 1000, (rows, 1)), None, torch.full((rows, 1), prompt + step),
+                chain_structure(1, "cpu"), 1,
+            )  # fmt: skip
+            timings[kind].append(time.perf_counter() - start)
+            if copies > 1:
+                seq.join(torch.arange(batch) * copies)
+            seq.keep_prefix(1, torch.ones(batch, dtype=torch.long), 1, real_kept=[1] * batch)
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
 def _crop_attention(seq: CachedSequence, width: int) -> None:
     for layer in seq.cache.layers:
         if getattr(layer, "keys", None) is not None:
@@ -138,12 +166,17 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--tree", default=None, help="also time a static tree preset (small, medium) path by path")
+    parser.add_argument("--draft-frontier", type=int, default=None, help="also time a draft tree's depth of F rows")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     transformers_logging.set_verbosity_error()
     model = build(getattr(torch, args.dtype))
     print("| k | forward (s) | forward, unrecorded (s) | bookkeeping (s) | bookkeeping / step | step / k=1 step |")
     print("|---|---|---|---|---|---|")
+    if args.draft_frontier:
+        t = measure_draft_depth(model, args.batch, args.prompt, args.draft_frontier, args.steps)
+        print(f"draft tree depth of {args.draft_frontier} rows a row: {t['tree depth']:.3f} s; a chain step: "
+              f"{t['chain step']:.3f} s")  # fmt: skip
     if args.tree:
         t = measure_tree(model, args.batch, args.prompt, args.tree, args.steps)
         print(f"tree {args.tree!r} path by path: {t['tree']:.3f} s; a chain as deep: {t['chain']:.3f} s")
