@@ -12,6 +12,8 @@ import functools
 import re
 from pathlib import Path
 
+from tests.refusal_cases import PATH_NAMES, PATHS
+
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "refusals.md"
 
 # The fuzzers' paths as the page names them; `None`: a path the page does not list (any row's message will do).
@@ -27,14 +29,11 @@ PAGE_PATHS: dict[str, str | None] = {
     "medusa_lookup": "medusa-lookup",
     "mtp": None,
 }
-ALL_PATHS = ("assistant", "tree", "lookup", "hybrid", "medusa", "medusa-dynamic", "medusa-lookup")
-
-# The values a message carries, matched by anything of the same kind.
-_PATH_NAMES = r"`assistant=`|prompt lookup|`medusa=True`"
+# The values a message carries, matched by anything of the same kind (first, the names "all" paths give messages).
 _VALUES = re.compile(
     "|".join(
         [
-            _PATH_NAMES,
+            *(re.escape(name) for name in sorted({PATH_NAMES[path] for path in PATHS})),
             r"\[[^\]]*\]",  # lists
             r"\([^()]*\d[^()]*\)",  # shapes and tuples of numbers
             r"'[^']*'",  # quoted values
@@ -54,7 +53,7 @@ def documented_patterns() -> tuple[tuple[re.Pattern[str], frozenset[str]], ...]:
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
         if len(cells) != 4 or cells[2] not in ("`ValueError`", "`TypeError`"):
             continue
-        paths = ALL_PATHS if cells[1] == "all" else tuple(path.strip(" `") for path in cells[1].split(","))
+        paths = PATHS if cells[1] == "all" else tuple(path.strip(" `") for path in cells[1].split(","))
         rows.append((_pattern(_unescape(cells[3])), frozenset(paths)))
     if not rows:
         raise RuntimeError(f"No refusal rows found in {PAGE}.")

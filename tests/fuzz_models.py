@@ -1294,10 +1294,10 @@ def _run(case: Case) -> Result:
             return Result("both refused", text, False, _origin(error), gen)
         return Result("CRASH", _crash(error, f"plain raised {_message(plain_error)[:200]}"), True, _origin(error), gen)
     if error is not None:
-        if _refusal_ok(error) and is_documented(str(error), case.path):
-            return Result("refused", f"refused: {_message(error)}", False, _origin(error), gen)
-        if _refusal_ok(error):  # a refusal docs/refusals.md does not list (for this path)
-            text = f"UNDOCUMENTED refusal: {_message(error)}"
+        if _refusal_ok(error):
+            if is_documented(str(error), case.path):
+                return Result("refused", f"refused: {_message(error)}", False, _origin(error), gen)
+            text = f"UNDOCUMENTED refusal: {_message(error)}"  # one docs/refusals.md does not list for the path
             return Result("UNDOCUMENTED", text, True, _origin(error), gen)
         return Result("CRASH", _crash(error, "plain generate() returned an output"), True, _origin(error), gen)
     assert plain is not None and ours is not None

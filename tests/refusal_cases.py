@@ -51,6 +51,7 @@ from transformers import (
 
 import hf_specdec
 from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from tests.recurrent_models import recurrent_model
 from tests.tiny_models import BOS, EOS, PAD, VOCAB, ragged_batch, tiny_model, tiny_target
 
 PATHS = ("assistant", "tree", "lookup", "hybrid", "medusa", "medusa-dynamic", "medusa-lookup")
@@ -387,35 +388,35 @@ def _heads_for_another_base(models: Models, path: str) -> Any:
     return MedusaForCausalLM(narrower, MedusaConfig(num_heads=2, hidden_size=64, vocab_size=VOCAB))
 
 
-def scaled_draft() -> PreTrainedModel:
-    """A draft that scales its logits after its lm_head (Cohere's `logit_scale`)."""
-    from transformers import CohereConfig, CohereForCausalLM
+def _scaling_draft(family: str, **scaling: float) -> Callable[[], PreTrainedModel]:
+    """A builder of a one-layer draft of `family` ("Cohere", "Granite") that scales its logits after its lm_head
+    (`scaling`: the config field that does it: Cohere's `logit_scale`, Granite's `logits_scaling`)."""
 
-    torch.manual_seed(1)
-    config = CohereConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, logit_scale=0.5, **_SPECIAL,
-    )  # fmt: skip
-    return CohereForCausalLM(config).eval()
+    def build() -> PreTrainedModel:
+        import transformers
 
+        torch.manual_seed(1)
+        config = getattr(transformers, f"{family}Config")(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, **scaling, **_SPECIAL,
+        )  # fmt: skip
+        return getattr(transformers, f"{family}ForCausalLM")(config).eval()
 
-def granite_scaled_draft() -> PreTrainedModel:
-    """A draft that divides its logits after its lm_head (Granite's `logits_scaling`)."""
-    from transformers import GraniteConfig, GraniteForCausalLM
-
-    torch.manual_seed(1)
-    config = GraniteConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, logits_scaling=4.0, **_SPECIAL,
-    )  # fmt: skip
-    return GraniteForCausalLM(config).eval()
+    return build
 
 
-def zamba() -> PreTrainedModel:
-    """A tiny Zamba: Mamba layers whose per-token states its modelling code does not record."""
-    from tests.recurrent_models import recurrent_model
+scaled_draft = _scaling_draft("Cohere", logit_scale=0.5)
+granite_scaled_draft = _scaling_draft("Granite", logits_scaling=4.0)
 
-    return recurrent_model("zamba", 0)
+
+# Models with recurrent layers (`tests.recurrent_models`), one builder object each so that `Models.shared` builds
+# each once: Zamba's per-token states are not recorded; Jamba derives its layer types; Zamba2 cannot be cut into a
+# decoder of attention layers; Mamba has no attention; the Qwen3.5 draft has another seed.
+zamba = functools.partial(recurrent_model, "zamba", 0)
+_jamba = functools.partial(recurrent_model, "jamba", 0)
+_zamba2 = functools.partial(recurrent_model, "zamba2", 0)
+_mamba = functools.partial(recurrent_model, "mamba", 0)
+_qwen3_5_draft = functools.partial(recurrent_model, "qwen3_5", 1)
 
 
 def gpt1() -> PreTrainedModel:
@@ -428,9 +429,7 @@ def gpt1() -> PreTrainedModel:
 
 
 def _recurrent_draft_of_other_tokenizer(models: Models, path: str) -> Any:
-    from tests.recurrent_models import recurrent_model
-
-    draft = models.shared(functools.partial(recurrent_model, "qwen3_5", 1))
+    draft = models.shared(_qwen3_5_draft)
     generate = speculative_generate(path, models.target, draft)
     return generate(**prompts(tokenizer=word_tokenizer("a"), assistant_tokenizer=word_tokenizer("b")))
 
@@ -454,24 +453,6 @@ def _llama_target() -> PreTrainedModel:
     return tiny_target("llama")
 
 
-def _jamba() -> PreTrainedModel:
-    from tests.recurrent_models import recurrent_model
-
-    return recurrent_model("jamba", 0)
-
-
-def _zamba2() -> PreTrainedModel:
-    from tests.recurrent_models import recurrent_model
-
-    return recurrent_model("zamba2", 0)
-
-
-def _mamba() -> PreTrainedModel:
-    from tests.recurrent_models import recurrent_model
-
-    return recurrent_model("mamba", 0)
-
-
 def _opt_projected() -> PreTrainedModel:
     """A tiny OPT whose lm_head reads a projection of the last hidden state (`word_embed_proj_dim`)."""
     from transformers import OPTConfig, OPTForCausalLM
@@ -488,22 +469,14 @@ def _too_many_nodes(models: Models, path: str) -> Any:
     return models.generate(path)(**prompts(tree=DynamicTree(num_nodes=9, depth=1, top_k=2)))
 
 
-def _mtp_model(architecture: str, layers: int, **overrides: Any) -> Callable[[], PreTrainedModel]:
+def _mtp(architecture: str = "deepseek_v3", layers: int = 1, overrides: dict | None = None, **kwargs: Any) -> Call:
+    """`speculative(model).generate(..., use_mtp=True)` on a tiny model of `architecture` (`overrides`: config
+    fields) with `layers` MTP layers, with `kwargs`."""
+
     def build() -> PreTrainedModel:
         from tests.tiny_mtp import tiny_mtp_model
 
-        return tiny_mtp_model(architecture, layers, VOCAB, **overrides)
-
-    return build
-
-
-_MTP_MODELS: dict[str, Callable[[], PreTrainedModel]] = {}
-
-
-def _mtp(architecture: str = "deepseek_v3", layers: int = 1, overrides: tuple = (), **kwargs: Any) -> Call:
-    """`speculative(model).generate(..., use_mtp=True)` on a tiny model with `layers` MTP layers, with `kwargs`."""
-    key = f"{architecture}:{layers}:{overrides}"
-    build = _MTP_MODELS.setdefault(key, _mtp_model(architecture, layers, **dict(overrides)))
+        return tiny_mtp_model(architecture, layers, VOCAB, **(overrides or {}))
 
     def call(models: Models, path: str) -> Any:
         model = hf_specdec.speculative(models.shared(build))
@@ -766,8 +739,8 @@ CASES: tuple[Case, ...] = (
          _mtp(prompt_lookup_num_tokens=3)),
     Case("mtp-layer-kind-without-rotary", MODELS,
          "an MTP layer of an attention kind the model's rotary embedding does not hold (Mellum)", ("mtp",),
-         _mtp("mellum", overrides=(("layer_types", ["full_attention", "full_attention"]),
-                                   ("mtp_layer_types", ["sliding_attention"])))),
+         _mtp("mellum", overrides={"layer_types": ["full_attention", "full_attention"],
+                                   "mtp_layer_types": ["sliding_attention"]})),
     Case("rwkv-draft", MODELS, "an RWKV draft", DRAFT_PATHS, _draft(lambda models: models.shared(rwkv))),
     Case("alibi-target", MODELS, "a target with ALiBi positions (BLOOM)", PATHS, _target(bloom)),
     Case("slot-mask-target", MODELS, "a target that masks by cache slot (GPT-Neo)", PATHS, _target(gpt_neo)),

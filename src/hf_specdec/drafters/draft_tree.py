@@ -192,9 +192,9 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         return self._all_logits(out)
 
     def commit(self, accepted: Accepted) -> None:
-        """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
-        queue the path's nodes that were never fed, then the target's token. After a step that grew no tree (prompt
-        lookup's chain alone, `propose_free`), queue every committed token, as after a plain step."""
+        """Keep what the draft was fed of the accepted path (`_keep_accepted`) and queue the rest. After a step that
+        grew no tree (prompt lookup's chain alone, `propose_free`), queue every committed token, as after a plain
+        step."""
         if self.prompt_lookup is not None:
             self.prompt_lookup.observe(committed_tokens(accepted))
         if self.exhausted:
@@ -203,12 +203,25 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
             self.follow(accepted)
             return
         assert self.seq is not None and self._chosen is not None
-        path, num_accepted = accepted.path, accepted.num_accepted
-        width, grown = self._pending_width, self._chosen.shape[1]
-        # Pool index of every accepted node after the root (-1 past the path, and for grafted nodes).
+        self._keep_accepted(accepted)
+        self._fed_pool = None
+
+    def _accepted_pool(self, path: torch.Tensor) -> torch.Tensor:
+        """The pool index of every accepted node after the root `(A, D)` of an accepted `path` `(A, D+1)`: -1 past
+        the path, and for grafted nodes (never in the pool)."""
+        assert self._chosen is not None
+        grown = self._chosen.shape[1]
         tree_nodes = path[:, 1:]  # (A, D)
         in_pool = (tree_nodes > 0) & (tree_nodes <= grown)
-        pool = torch.where(in_pool, self._chosen.gather(1, (tree_nodes - 1).clamp(0, max(grown - 1, 0))), -1)
+        return torch.where(in_pool, self._chosen.gather(1, (tree_nodes - 1).clamp(0, max(grown - 1, 0))), -1)
+
+    def _keep_accepted(self, accepted: Accepted) -> None:
+        """Keep the committed tokens and the fed nodes of the accepted path in the draft's cache, in path order;
+        queue the path's nodes that were never fed, then the target's token."""
+        assert self.seq is not None and self._fed_pool is not None
+        path, num_accepted = accepted.path, accepted.num_accepted
+        width = self._pending_width
+        pool = self._accepted_pool(path)  # (A, D)
         fed = self._fed_pool.to(pool.device)  # (A, F)
         match = (pool[:, :, None] == fed[:, None, :]) & (pool[:, :, None] >= 0)  # (A, D, F)
         was_fed = match.any(dim=2)  # (A, D): a prefix of the path (a node's children are fed only if it was)
@@ -219,7 +232,6 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         most = self._fed if accepted.outcome is None else min(self._fed, width + accepted.outcome.max_accepted)
         self.seq.keep_path(self._fed, keep.to(self.device), (width + kept_nodes).to(self.device), keep_max=most)
         self.seq.maybe_compact()
-        self._fed_pool = None
         # The path's nodes never fed, then the target's token. Without grafted nodes only the path's last node can
         # be unfed (a leaf of the grown tree): at most two tokens.
         most = path.shape[1] if accepted.outcome is None else accepted.outcome.max_accepted + 1

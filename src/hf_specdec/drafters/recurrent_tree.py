@@ -26,7 +26,7 @@ import torch
 
 from hf_specdec.drafters.draft_tree import DraftTreeDrafter, _Growth
 from hf_specdec.generation.decisions import CostModel
-from hf_specdec.generation.drafter import Accepted, Proposal, committed_tokens
+from hf_specdec.generation.drafter import Accepted, Proposal
 from hf_specdec.generation.sequences import TokenBuffer
 from hf_specdec.trees.masks import chain_structure
 
@@ -70,26 +70,15 @@ class RecurrentDraftTreeDrafter(DraftTreeDrafter):
         )
         return self._all_logits(out).reshape(rows, width, -1)
 
-    def commit(self, accepted: Accepted) -> None:
+    def _keep_accepted(self, accepted: Accepted) -> None:
         """Keep, per sequence, the row of a last-depth node sharing the most nodes with the accepted path, with the
         state after those nodes; queue the accepted tokens past them, then the target's token."""
-        if self.prompt_lookup is not None:
-            self.prompt_lookup.observe(committed_tokens(accepted))
-        if self.exhausted:
-            return
-        if self._fed_pool is None:
-            self.follow(accepted)
-            return
-        assert self.seq is not None and self._chosen is not None
+        assert self.seq is not None
         path, num_accepted = accepted.path, accepted.num_accepted
         rows, width, depths = path.shape[0], self._pending_width, len(self._frontiers)
         shared = torch.zeros(rows, dtype=torch.long, device=path.device)
         if depths:
-            grown = self._chosen.shape[1]
-            tree_nodes = path[:, 1 : depths + 1]  # (A, m) the accepted nodes after the root, -1 past the path
-            in_pool = (tree_nodes > 0) & (tree_nodes <= grown)
-            index = (tree_nodes - 1).clamp(0, max(grown - 1, 0))
-            pool = torch.where(in_pool, self._chosen.gather(1, index), -1)  # (A, m), -1 for grafted nodes too
+            pool = self._accepted_pool(path)[:, :depths]  # (A, m), -1 past the path and for grafted nodes
             slots = self._row_slots.to(path.device)  # (A, F, depths)
             lineage = torch.stack(
                 [frontier.to(path.device).gather(1, slots[:, :, d]) for d, frontier in enumerate(self._frontiers)],
@@ -101,6 +90,5 @@ class RecurrentDraftTreeDrafter(DraftTreeDrafter):
         most = depths if accepted.outcome is None else min(depths, accepted.outcome.max_accepted)
         self.seq.keep_prefix(width + depths, (width + shared).to(self.device), keep_max=width + most)
         self.seq.maybe_compact()
-        self._fed_pool = None
         bound = path.shape[1] if accepted.outcome is None else accepted.outcome.max_accepted + 1
         self._queue_unfed(accepted.tokens, shared, num_accepted, bound)

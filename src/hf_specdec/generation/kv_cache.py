@@ -672,12 +672,12 @@ class CachedSequence:
             self.positions = self.positions.gather(1, order)
 
 
-# Why a tree cannot be verified on a model with recurrent layers.
+# Why a tree's nodes cannot be kept in place in the cache of a model with recurrent layers.
 RECURRENT_TREES = (
     "{name} keeps recurrent states (linear attention, state space or convolution layers), which read the tokens of "
-    "a forward in order, while a draft growing a tree is fed each depth's siblings side by side in one forward: it "
-    "cannot grow a tree. Draft chains with it (drop `tree=`), or grow the tree with a draft of attention layers "
-    "alone (a target with recurrent layers verifies trees)."
+    "a forward in order: a tree's siblings fed side by side in one row cannot be kept. Its trees are fed path by "
+    "path (a target verifying them, `generation.branches`) or node by node as rows (a draft growing them, "
+    "`drafters.recurrent_tree`)."
 )
 
 

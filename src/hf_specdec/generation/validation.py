@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from typing import Any
@@ -65,7 +66,7 @@ def check_rollback(model: PreTrainedModel, role: str = "target") -> None:
             "layers and the recurrent layers transformers' caches hold (linear attention, Mamba, short "
             "convolutions); decode this model with plain `generate()`."
         )
-    if not _takes_a_cache(model):
+    if not _takes_a_cache(type(model)):
         raise ValueError(
             f"The {role} ({type(model).__name__}) keeps no KV cache (its forward takes none, and plain `generate()` "
             "recomputes the whole text at every step), while speculative decoding verifies drafts against a cache. "
@@ -263,10 +264,11 @@ def check_generation_config(
         )
 
 
-def _takes_a_cache(model: torch.nn.Module) -> bool:
-    """Whether the forward of the transformers class `model` is built on names a cache among its parameters (a
-    subclass's own forward, or a wrapper's, passes it on)."""
-    for cls in type(model).__mro__:
+@functools.lru_cache(maxsize=64)
+def _takes_a_cache(model_class: type) -> bool:
+    """Whether the forward of the transformers class `model_class` is built on names a cache among its parameters
+    (a subclass's own forward, or a wrapper's, passes it on). Read once per class."""
+    for cls in model_class.__mro__:
         if cls.__module__.startswith("transformers.") and "forward" in cls.__dict__:
             return bool({"cache", "past_key_values"} & set(inspect.signature(cls.__dict__["forward"]).parameters))
     return True
