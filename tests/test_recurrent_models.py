@@ -63,6 +63,28 @@ def test_what_the_unrecorded_classes_multi_token_forward_gives(model_type: str, 
     assert (gap < 1e-4) == continues, gap
 
 
+def test_transformers_own_assisted_decoding_parts_from_plain_greedy_on_zaya() -> None:
+    """Why ZAYA's refusal keeps its users' results right rather than sending them elsewhere: transformers' own
+    assisted decoding, fed a draft, crops ZAYA's cache without rolling back its recurrent state, and its greedy
+    tokens part from plain greedy decoding (here on every one of three seeds)."""
+    parted = 0
+    for seed in range(3):
+        target, draft = recurrent_model("zaya", 2 * seed), recurrent_model("zaya", 2 * seed + 1)
+        ids = torch.randint(3, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(seed))
+        plain = target.generate(ids, max_new_tokens=24, do_sample=False)
+        assisted = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=draft)
+        parted += not torch.equal(plain, assisted)
+    assert parted == 3
+
+
+@pytest.mark.parametrize("model_type", ["minimax", "recurrent_gemma"])
+def test_transformers_own_assisted_decoding_stops_on_minimax_and_recurrent_gemma(model_type: str) -> None:
+    target, draft = recurrent_model(model_type, 0), recurrent_model(model_type, 1)
+    ids = torch.randint(3, target.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    with pytest.raises((RuntimeError, AttributeError)):
+        target.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=draft)
+
+
 @functools.cache
 def _models(model_type: str) -> tuple[Any, Any]:
     return hf_specdec.speculative(recurrent_model(model_type, 0)), recurrent_model(model_type, 1)
