@@ -73,13 +73,12 @@ def test_gate_takes_plain_steps_while_drafting_loses_and_retries_ever_later() ->
 def test_gate_compares_measured_seconds_with_a_plain_step() -> None:
     """A plain step of 4 rows takes 0.22 s; a speculative one of 0.46 s is 0.46 / 0.22 = 2.1 plain steps:
     1.5 tokens lose, and so do 2.0 (0.96 tokens per plain step: plain steps would have brought more); 2.2 win.
-    Before a plain step of that many rows is measured, the gate measures one."""
+    Before a plain step of that many rows is measured, the gate measures one: the first step is plain."""
     costs = CostModel(draft_forward=0.0)
     first = SpeculationGate(costs)
-    assert first.speculate(4)  # the first step drafts
-    first.observe(2.5, 0.46, 0, 4, 5, 0.36)
     assert not first.speculate(4) and first.measuring  # no plain step of 4 rows measured yet
-    costs.observe_plain(0.22, 4)
+    first.observe(1.0, 0.22, 0, 4, 1, 0.2)
+    assert first.speculate(4) and not first.measuring
     assert costs.in_plain_steps(0.46, 0, 4, 5, 0.36) == pytest.approx(0.46 / 0.22)
     # Each gate keeps its running gain in its own cost model (one per decoding call).
     models = [CostModel(draft_forward=0.0) for _ in range(3)]
@@ -232,9 +231,9 @@ def test_a_step_that_catches_the_draft_up_does_not_price_a_draft_forward(
         seen.append((proposals[-1], draft_forwards))
         observe(self, draft_seconds, draft_forwards, *args, **kwargs)
 
-    def record_verified(self, forwards, rows, width, gained, catch_up=False, free=False):
+    def record_verified(self, forwards, rows, width, gained, catch_up=False, free=False, started=False):
         proposals.append(catch_up)
-        return verified(self, forwards, rows, width, gained, catch_up, free)
+        return verified(self, forwards, rows, width, gained, catch_up, free, started)
 
     monkeypatch.setattr(SpeculationGate, "speculate", every_third)
     monkeypatch.setattr(CostModel, "observe", record_observe)

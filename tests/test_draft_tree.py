@@ -171,8 +171,9 @@ def _tree_samples(mode: str, seed: int, **lookup: int) -> tuple[list[torch.Tenso
     sampling = {k: v for k, v in SAMPLING[mode].items() if v is not None} | lookup
     tree = DynamicTree(num_nodes=6, depth=3, top_k=2)
     return sample_copies(
-        target, (PROMPT_A, PROMPT_B), NUM_SAMPLES, PAD, MAX_NEW, seed, assistant=draft, tree=tree, **sampling
-    )
+        target, (PROMPT_A, PROMPT_B), NUM_SAMPLES, PAD, MAX_NEW, seed, assistant=draft, tree=tree,
+        speculative_costs=SpeculativeCosts(0.0, 0.0), **sampling,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", ["plain", "warped"])

@@ -12,7 +12,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.hybrid import HybridDrafter
-from hf_specdec.generation.decisions import SpeculativeCosts
+from hf_specdec.generation.decisions import SpeculationGate, SpeculativeCosts
 from hf_specdec.generation.processing import RaggedLogitsProcessor
 from tests.goodness_of_fit import sample_copies
 from tests.test_sampling_distribution import (
@@ -196,10 +196,18 @@ def test_catching_up_keeps_padding_positions_in_range() -> None:
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_lookup_proposes_while_the_gate_keeps_the_draft_model_waiting(batch: int, monkeypatch) -> None:
-    """A draft model whose forward costs five target forwards never pays: the gate keeps steps plain, and the
-    lookup, whose drafts cost no forward, still proposes on those steps; outputs stay plain greedy's."""
+    """While the gate keeps steps plain (here two of every three, whatever drafting brings), the lookup, whose
+    drafts cost no forward, still proposes on those steps, and the draft model drafts on the others; outputs
+    stay plain greedy's."""
     free: list[int] = []
     propose_free = HybridDrafter.propose_free
+    steps = itertools.count()
+
+    def waiting(self: SpeculationGate, rows: int) -> bool:
+        self.measuring = False
+        return next(steps) % 3 == 2
+
+    monkeypatch.setattr(SpeculationGate, "speculate", waiting)
 
     def counting(self, *args, **kwargs):
         proposal = propose_free(self, *args, **kwargs)
@@ -218,11 +226,12 @@ def test_the_lookup_proposes_while_the_gate_keeps_the_draft_model_waiting(batch:
         do_sample=False,
         assistant=draft,
         prompt_lookup_num_tokens=4,
-        speculative_costs=SpeculativeCosts(draft_forward=5.0, verify_per_token=0.01),
+        speculative_costs=SpeculativeCosts(draft_forward=0.3, verify_per_token=0.01),
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, plain)
     stats = out.speculative
+    assert stats.draft_forwards > 0
     assert free and max(free) > 0  # the gate waited, and the lookup drafted during the wait
     assert stats.lookup_steps >= sum(1 for k in free if k > 0)
     assert stats.plain_steps >= sum(1 for k in free if k == 0)  # the steps it drafted in are not plain ones

@@ -4,6 +4,10 @@ The draft keeps its own KV cache across steps. Its cache always lags the committ
 tokens ("pending"): the token the target just chose, plus the last drafted token when the target accepted
 every draft (that token was proposed but never fed back through the draft). A step feeds the pending tokens
 and then drafts autoregressively, so no token is ever recomputed.
+
+The draft's prefill waits for the first step that would draft with it (`room`), which first asks whether
+starting the draft pays for its prefill (`hf_specdec.generation.decisions.draft_model_pays`): where it does not
+(a batch on a CPU, few tokens left) the draft never runs, and its steps are plain (or prompt lookup's).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from transformers.utils import ModelOutput
 
 from hf_specdec.drafters.draft_length import DraftLengthPolicy
 from hf_specdec.drafters.vocab import VocabularyRows, check_token_ids
-from hf_specdec.generation.decisions import CostModel
+from hf_specdec.generation.decisions import CostModel, draft_model_pays
 from hf_specdec.generation.drafter import Accepted, Chain, ChainDrafter
 from hf_specdec.generation.kv_cache import CachedSequence, static_capacity, wants_compile
 from hf_specdec.generation.positions import position_table_limit
@@ -95,19 +99,60 @@ class DraftModelDrafter(ChainDrafter):
         self.pending: torch.Tensor | None = None  # (A, W)
         self.pending_count: torch.Tensor | None = None  # (A,) how many of the last columns are real
         self._pending_most = 1  # at least pending_count.max(), known on the host
+        # The prompts, until the draft is first fed them (`room`): `(ids, valid, positions)` and the tokens
+        # its prefill will compute.
+        self._prompts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._prompt_tokens = 0
+        self._by_span = True
+        self._started = False  # whether the step being drafted began with the draft's prefill
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
-        """Feed the prompts `(batch, prompt)` (the target's first token becomes pending in `start`)."""
+        """See the prompts `(batch, prompt)` (the target's first token becomes pending in `start`); the draft is
+        fed them at the first step that drafts with it (`room`)."""
         if self.position_limit is not None and int(positions.max()) + 1 >= self.position_limit:
             self._exhaust()  # the prompts already fill the draft's positions: nothing left to draft at
             return
+        runner = self.model if self.token_ids is None else self.model.get_decoder()
+        config = self.generation_config
+        capacity = static_capacity(config, runner) if config is not None else None
+        # Prefilled by span, the draft computes the real tokens only; with a static cache, every column.
+        self._by_span = capacity is None
+        self._prompt_tokens = int(valid.sum()) if self._by_span else valid.numel()
+        self._prompts = (input_ids.to(self.device), valid.to(self.device), positions.to(self.device))
+
+    @property
+    def declined(self) -> bool:
+        """Whether the draft is not started (starting it has not been expected to pay so far)."""
+        return self._prompts is not None
+
+    def room(self, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> int:
+        """`room_to_draft`, once the draft is started: before its first draft, a step asks whether starting it
+        pays for its prefill (`draft_model_pays`, over the `max_tokens` tokens the least advanced row has left;
+        with the adaptive schedule only) and feeds it the prompts if so; 0 where it does not (yet)."""
+        room = self.room_to_draft(next_position)
+        if room < 1 or self._prompts is None:
+            return room
+        # A constant schedule drafts at every step, as asked (the speculation gate is off too).
+        judged = self.schedule.adaptive
+        if judged and not draft_model_pays(costs, next_position.shape[0], max_tokens, self._prompt_tokens):
+            return 0
+        self._prefill_now(*self._prompts)
+        self._prompts, self._started = None, True
+        return room
+
+    def take_started(self) -> bool:
+        """Whether this step fed the draft its prompts (then forgotten): its time is no measure of a step."""
+        started, self._started = self._started, False
+        return started
+
+    def _prefill_now(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        """Feed the prompts `(batch, prompt)` to the draft (the rows still decoding)."""
         # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
         runner = self.model if self.token_ids is None else self.model.get_decoder()
         config = self.generation_config
         capacity = static_capacity(config, runner) if config is not None else None
         self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads, capacity=capacity)
-        ids = self._embeddable(input_ids.to(self.device))
-        valid, positions = valid.to(self.device), positions.to(self.device)
+        ids = self._embeddable(input_ids)
         if capacity is None:  # rows by span: the padding of short prompts is not computed (`prefill_by_span`)
             prefill_by_span(self.seq, ids, valid, positions)
         else:
@@ -198,9 +243,10 @@ class DraftModelDrafter(ChainDrafter):
         """
         policy = self.schedule
         target_device = buffer.tokens.device
-        room = self.room_to_draft(next_position)
+        room = self.room(next_position, costs, max_tokens)
         if room < 1:
-            return Chain(torch.zeros(next_position.shape[0], 0, dtype=torch.long, device=target_device))
+            nothing = torch.zeros(next_position.shape[0], 0, dtype=torch.long, device=target_device)
+            return Chain(nothing, plain=self.declined)
         num_tokens = min(max(1, min(policy.current, max_tokens)), room)
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range
@@ -256,9 +302,10 @@ class DraftModelDrafter(ChainDrafter):
         q = torch.stack(probs, dim=1) if self.do_sample else None
         k = draft_tokens.shape[1]
         catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
+        started = self.take_started()
         if not track or (exact and bool((lengths >= k).all())):
-            return Chain(draft_tokens, q=q, forwards=k, catch_up=catch_up)
-        return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k, catch_up=catch_up)
+            return Chain(draft_tokens, q=q, forwards=k, catch_up=catch_up, started=started)
+        return Chain(draft_tokens, q=q, lengths=lengths.clamp_max(k), forwards=k, catch_up=catch_up, started=started)
 
     def room_to_draft(self, next_position: torch.Tensor) -> int:
         """How many tokens a step starting at `next_position` `(active,)` can draft before some row's draft
@@ -277,7 +324,7 @@ class DraftModelDrafter(ChainDrafter):
     def _exhaust(self) -> None:
         """Stop drafting for good (positions only grow): drop the draft's cache and what it had not seen."""
         self.exhausted = True
-        self.seq = None
+        self.seq, self._prompts = None, None
         self.pending = self.pending_count = self._last_drafts = None
 
     def _scores(
@@ -328,6 +375,9 @@ class DraftModelDrafter(ChainDrafter):
             outcome (`StepOutcome`, *optional*): the step's counts as host values (read here when not given).
         """
         if self.exhausted:
+            return
+        if self._prompts is not None:  # not started: the step drafted nothing, and the target's token is queued
+            self.catch_up(next_token[:, None], torch.ones_like(next_token), 1)
             return
         assert self.seq is not None and self.pending is not None
         host = outcome.num_accepted if outcome is not None else num_accepted.tolist()
@@ -381,9 +431,15 @@ class DraftModelDrafter(ChainDrafter):
         """Follow the batch when finished rows leave it (`keep`: positions in the old active order)."""
         if self.exhausted:
             return
-        assert self.seq is not None and self.pending is not None and self.pending_count is not None
+        assert self.pending is not None and self.pending_count is not None
         keep = keep.to(self.device)
-        self.seq.select_rows(keep)
+        if self._prompts is not None:
+            self._prompts = (self._prompts[0][keep], self._prompts[1][keep], self._prompts[2][keep])
+            valid = self._prompts[1]
+            self._prompt_tokens = int(valid.sum()) if self._by_span else valid.numel()
+        else:
+            assert self.seq is not None
+            self.seq.select_rows(keep)
         self.pending = self.pending[keep]
         if self._last_drafts is not None:
             self._last_drafts = self._last_drafts[keep]

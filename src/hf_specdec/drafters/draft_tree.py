@@ -134,12 +134,13 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         max_tokens: int,
     ) -> Proposal:
         """Grow each row's tree from its last token, no deeper than `max_tokens` (at least one) nor than the
-        draft's positions reach (once they are used up, prompt lookup's chain alone, or a plain step), and graft
+        draft's positions reach (once they are used up, or while starting the draft does not pay, prompt lookup's
+        chain alone, or a plain step), and graft
         prompt lookup's continuation on."""
-        room = self.room_to_draft(next_position)
+        room = self.room(next_position, costs, max_tokens)
         if room < 1:
             proposal = lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
-            plain = chain_proposal(last_token, last_token.new_zeros(len(last_token), 0))
+            plain = chain_proposal(last_token, last_token.new_zeros(len(last_token), 0), plain=self.declined)
             return proposal if proposal is not None else plain
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         spec = self.tree.within(min(max_tokens, room))
@@ -173,7 +174,9 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         self._frontiers = grown.pool.frontiers[1:]
         # Statistics count a tree's drafted tokens by its depth, as for Medusa's trees (the most a step accepts).
         catch_up = self._pending_width > 2  # more than the step's own pending tokens (`Proposal.catch_up`)
-        return Proposal(nodes, trees, forwards=grown.forwards, looked_up=looked_up, catch_up=catch_up)
+        return Proposal(
+            nodes, trees, forwards=grown.forwards, looked_up=looked_up, catch_up=catch_up, started=self.take_started()
+        )
 
     def _feed_frontier(
         self, state: _Growth, tokens: torch.Tensor, parent_slot: torch.Tensor, positions: torch.Tensor

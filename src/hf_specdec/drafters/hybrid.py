@@ -61,10 +61,12 @@ class HybridDrafter(ChainDrafter):
     def draft_chain(self, buffer: TokenBuffer, next_position: torch.Tensor, costs: CostModel, max_tokens: int) -> Chain:
         """A lookup proposal when it is expected to pay more per unit of cost than a model step, else the
         draft model's (`costs`: the loop's); the lookup's alone once the draft model has no positions left to
-        draft at."""
+        draft at, or while starting it does not pay (`DraftModelDrafter.room`)."""
         looked_up = self.lookup.draft_chain(buffer, next_position, costs, max_tokens)
-        if self.model.room_to_draft(next_position) < 1 or self._lookup_pays(looked_up, len(buffer.active_rows), costs):
-            self.last = looked_up
+        rows = len(buffer.active_rows)
+        if self._lookup_pays(looked_up, rows, costs) or self.model.room(next_position, costs, max_tokens) < 1:
+            # Nothing looked up while the draft model is not worth starting: a plain step.
+            self.last = looked_up._replace(plain=looked_up.tokens.shape[1] == 0 and self.model.declined)
         else:
             self.last = self.model.draft_chain(buffer, next_position, costs, max_tokens)
         return self.last

@@ -47,6 +47,10 @@ class Proposal(NamedTuple):
             step's drafting time says nothing of what one costs (the cost model leaves `c` as it was).
         chain (`bool`): every row's tree is a chain numbered in order, so an accepted path is a prefix of the
             nodes (the loop then moves no cache slot and gathers no score).
+        started (`bool`): the drafter first fed its draft model the prompts (its deferred prefill): the step's
+            time is no measure of what a step costs, and the cost model and the speculation gate leave it out.
+        plain (`bool`): the drafter drafted nothing because drafting was not expected to pay (a draft model not
+            worth starting): a plain step, counted as one.
     """
 
     nodes: torch.Tensor
@@ -57,6 +61,8 @@ class Proposal(NamedTuple):
     looked_up: bool = False
     catch_up: bool = False
     chain: bool = False
+    started: bool = False
+    plain: bool = False
 
 
 class Accepted(NamedTuple):
@@ -193,6 +199,8 @@ def chain_proposal(
     forwards: int = 0,
     looked_up: bool = False,
     catch_up: bool = False,
+    started: bool = False,
+    plain: bool = False,
 ) -> Proposal:
     """A chain per row as a `Proposal`.
 
@@ -202,7 +210,7 @@ def chain_proposal(
         q (`torch.Tensor` of shape `(active, k, vocab)`, *optional*): the distribution each draft was drawn from.
         lengths (`torch.LongTensor` of shape `(active,)`, *optional*): how many of the k tokens each row really
             drafted (the rest is filler, never accepted); all k when `None`.
-        forwards, looked_up, catch_up: as in `Proposal`.
+        forwards, looked_up, catch_up, started, plain: as in `Proposal`.
     """
     batch, k = tokens.shape
     nodes = torch.cat([last_token[:, None].to(tokens.device), tokens], dim=1)  # (A, k+1)
@@ -213,7 +221,7 @@ def chain_proposal(
         children = torch.where(trees.depths[..., None] < lengths[:, None, None], trees.children, -1)  # (A, k+1, 1)
         trees = dataclasses.replace(trees, real=real, children=children)
     # q at node j is what node j's child (draft j) was drawn from; the last node has no child, and no row of q.
-    return Proposal(nodes, trees, q, drafted, forwards, looked_up, catch_up, chain=True)
+    return Proposal(nodes, trees, q, drafted, forwards, looked_up, catch_up, chain=True, started=started, plain=plain)
 
 
 class Chain(NamedTuple):
@@ -225,6 +233,8 @@ class Chain(NamedTuple):
     forwards: int = 0
     looked_up: bool = False
     catch_up: bool = False
+    started: bool = False
+    plain: bool = False
 
 
 class ChainDrafter:

@@ -7,6 +7,7 @@ as what it does.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import torch
@@ -170,6 +171,9 @@ class DecodingRun:
             done = self.continuation.cached
         # One padded forward, as plain `generate()` prefills: rows prefilled apart would round differently, and in
         # float32 a near-tie (a top-2 gap of 4e-5, seen by the models fuzzer) could then part from plain greedy.
+        # Timed up to the first token's read (which waits for the device): the compute a token costs, which
+        # prices wide verification and a draft's prefill before any step has measured them.
+        started = time.perf_counter()
         out = self.target.forward(
             input_ids[:, done:],
             valid[:, done:],
@@ -195,6 +199,7 @@ class DecodingRun:
         self.drafter.prefill(input_ids, valid, positions)
         emitted, finished = buffer.commit(first[:, None], torch.ones_like(first), scores)
         self.outcome = self.reads.step_outcome(torch.zeros_like(emitted), emitted, finished, 0, first[:, None])
+        self.costs.observe_prefill(time.perf_counter() - started, input_ids[:, done:].numel())
         buffer.settle(self.outcome.tokens)
         self.recorder.record(buffer.active_rows, self.outcome.emitted, scores, logits)
         if self.stream is not None:
@@ -230,8 +235,9 @@ class DecodingRun:
         elif not self.gate.measuring and isinstance(self.drafter, FreeProposals):  # free drafts may still pay
             proposal = self.drafter.propose_free(buffer, last_token, self.next_position, self.costs, budget)
             self.speculating = self.free_step = proposal is not None
-        if proposal is None:
+        if proposal is None or proposal.plain:
             self.stats.plain_steps += 1
+        if proposal is None:
             proposal = chain_proposal(last_token, last_token.new_zeros(last_token.shape[0], 0))
         self.clock.drafted()
         return proposal
@@ -344,7 +350,12 @@ class DecodingRun:
         outcome, stats = self.outcome, self.stats
         rows, width = proposal.nodes.shape
         gained = 1 + outcome.num_accepted[self.laggard]
-        for timing in self.clock.verified(proposal.forwards, rows, width, gained, proposal.catch_up, self.free_step):
+        timings = self.clock.verified(
+            proposal.forwards, rows, width, gained, proposal.catch_up, self.free_step, proposal.started
+        )
+        for timing in timings:
+            if timing.started:  # the draft's prefill, paid once: no measure of what a step costs
+                continue
             # A step that began by catching the draft up tells nothing of what one draft forward costs.
             forwards = 0 if timing.catch_up else timing.forwards
             self.costs.observe(timing.draft, forwards, timing.verify, timing.rows, timing.width)

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+_Shape = tuple[int, int, int, float, bool, bool, bool]  # StepTiming's fields after the two timings
+
 
 class StepTiming(NamedTuple):
     """One step as the cost model sees it.
@@ -26,6 +28,7 @@ class StepTiming(NamedTuple):
         gained (`float`): tokens the least advanced row committed.
         catch_up (`bool`): the drafting began by feeding a draft what it had not seen (`Proposal.catch_up`).
         free (`bool`): its drafts cost no drafter forward and were taken while the speculation gate waited.
+        started (`bool`): the drafter began by feeding its draft model the prompts (`Proposal.started`).
     """
 
     draft: float
@@ -36,6 +39,7 @@ class StepTiming(NamedTuple):
     gained: float
     catch_up: bool = False
     free: bool = False
+    started: bool = False
 
 
 class StepClock:
@@ -50,7 +54,7 @@ class StepClock:
         self.draft_seconds = 0.0
         self.verify_seconds = 0.0
         self._marks: list[float | torch.cuda.Event] = []
-        self._pending: tuple[list[torch.cuda.Event], tuple[int, int, int, float, bool, bool]] | None = None
+        self._pending: tuple[list[torch.cuda.Event], _Shape] | None = None
 
     def _mark(self) -> None:
         if self.cuda:
@@ -68,12 +72,19 @@ class StepClock:
         self._mark()
 
     def verified(
-        self, forwards: int, rows: int, width: int, gained: float, catch_up: bool = False, free: bool = False
+        self,
+        forwards: int,
+        rows: int,
+        width: int,
+        gained: float,
+        catch_up: bool = False,
+        free: bool = False,
+        started: bool = False,
     ) -> list[StepTiming]:
         """End the step (`forwards` draft forwards, `rows` x `width` tokens verified, `gained` tokens for the
-        least advanced row, `catch_up` and `free` as in `StepTiming`) and return the timings now known."""
+        least advanced row, `catch_up`, `free` and `started` as in `StepTiming`) and return the timings now known."""
         self._mark()
-        shape = (forwards, rows, width, gained, catch_up, free)
+        shape = (forwards, rows, width, gained, catch_up, free, started)
         if not self.cuda:
             start, drafted, verified = self._marks  # type: ignore[misc]
             return [self._timing(float(drafted - start), float(verified - drafted), shape)]
@@ -83,7 +94,7 @@ class StepClock:
         (start, drafted, verified), shape = done
         return [self._timing(start.elapsed_time(drafted) / 1e3, drafted.elapsed_time(verified) / 1e3, shape)]
 
-    def _timing(self, draft: float, verify: float, shape: tuple[int, int, int, float, bool, bool]) -> StepTiming:
+    def _timing(self, draft: float, verify: float, shape: _Shape) -> StepTiming:
         self.draft_seconds += draft
         self.verify_seconds += verify
         return StepTiming(draft, verify, *shape)

@@ -15,7 +15,8 @@ expected time; Dinkelbach's method for a ratio, the current rate standing for th
 (Qwen2.5-Coder 1.5B/0.5B at batch 1 on a CPU, where a draft forward costs 45% of a target one: chains drafted
 3.97 tokens a step, 79-89% of them accepted, against 3.25 and 87-92% with the rate, for the same speed).
 
-Whether a step drafts at all is the `SpeculationGate`'s call (`gate`), from the same cost model.
+Whether a step drafts at all is the `SpeculationGate`'s call (`gate`), from the same cost model; whether a draft
+model is started at all (its prefill) is `draft_model_pays`'s (`setup_costs`).
 """
 
 from hf_specdec.generation.decisions.costs import CostModel, SpeculativeCosts, parameter_share, weight_count
@@ -29,12 +30,15 @@ from hf_specdec.generation.decisions.rules import (
     nodes_worth_verifying,
     shared_width,
 )
+from hf_specdec.generation.decisions.setup_costs import chain_rate, draft_model_pays
 
 __all__ = [
     "CostModel",
     "GrowthRule",
     "SpeculationGate",
     "SpeculativeCosts",
+    "chain_rate",
+    "draft_model_pays",
     "growth_rule",
     "lagging_mean",
     "lookup_pays_more",

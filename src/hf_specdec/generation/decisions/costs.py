@@ -81,6 +81,8 @@ class CostModel:
         if not draft_forward >= 0.0:
             raise ValueError(f"The draft's cost ratio must be non-negative, got {draft_forward!r}.")
         self.fixed = fixed
+        # A draft's share of the target's compute, for its prefill (bound by compute, not by reading weights).
+        self.prefill_share = draft_forward
         self._draft_forward = draft_forward if fixed is None else fixed.draft_forward
         self._verify_per_token = 0.0 if fixed is None else fixed.verify_per_token
         self._step_overhead = 0.0 if fixed is None else fixed.step_overhead
@@ -91,6 +93,8 @@ class CostModel:
         self._cost: float | None = None  # their cost in plain steps
         self._all_gain: float | None = None  # the same over every step, plain ones included (1 token, 1 step)
         self._all_cost: float | None = None
+        self._token_seconds: float | None = None  # the target's prefill, per token fed: its compute per token
+        self._verified_wide = False  # whether a step verifying drafts has been measured
 
     @classmethod
     def verification_only(cls, fixed: SpeculativeCosts | None = None) -> CostModel:
@@ -129,6 +133,7 @@ class CostModel:
         if verified_per_row <= 1:
             self._plain_verify[rows] = _smooth(self._plain_verify.get(rows), verify_seconds)
             return
+        self._verified_wide = True
         self._verify.add(rows * verified_per_row, verify_seconds)
         plain, fitted, slope = self._plain_verify.get(rows), self._verify.predict(rows), self._verify.slope
         if fitted is None:  # one verify size so far: no slope; against a plain step, all of the growth is `v`
@@ -166,12 +171,23 @@ class CostModel:
             return 1.0
         return max(1.0, self._all_gain / self._all_cost)
 
+    def verify_cost(self, rows: int) -> float:
+        """`v` as the decisions for a batch of `rows` rows weigh it: measured (or fixed), or before any step
+        verified drafts, what the target's prefill spent per token over a plain step of `rows` rows (a forward
+        over more tokens costs at least their compute); 0 before either is known."""
+        if self.fixed is not None or self._verified_wide:
+            return self._verify_per_token
+        plain = self._plain.get(rows)
+        if plain is None or plain <= 0 or self._token_seconds is None:
+            return self._verify_per_token
+        return self._token_seconds / plain
+
     def threshold(self, rows: int, draft_forwards: int = 0) -> float:
         """The least expected gain, in tokens per row, that pays for drafting one more token per row (or one
         more tree node, or depth): what it costs in plain steps, `draft_forwards` draft forwards (`c` each) and one
         more verified token in each of `rows` rows (`v * rows`), times `rate` (the module's docstring of
         `hf_specdec.generation.decisions`)."""
-        return self.rate * (self._draft_forward * draft_forwards + self._verify_per_token * rows)
+        return self.rate * (self._draft_forward * draft_forwards + self.verify_cost(rows) * rows)
 
     def step_threshold(self) -> float:
         """The least expected gain, in tokens per row, that the drafts of a step must bring together on top of
@@ -189,14 +205,39 @@ class CostModel:
         return gain >= threshold
 
     def step(self, draft_forwards: float, rows: int, verified_per_row: float) -> float:
-        """A step's predicted cost in plain steps, from the costs in use (`SpeculativeCosts.step`)."""
-        return self.estimated.step(draft_forwards, rows, verified_per_row)
+        """A step's predicted cost in plain steps, from the costs in use (`SpeculativeCosts.step`, with
+        `verify_cost`)."""
+        if self.fixed is not None:
+            return self.fixed.step(draft_forwards, rows, verified_per_row)
+        costs = SpeculativeCosts(self._draft_forward, self.verify_cost(rows), self._step_overhead)
+        return costs.step(draft_forwards, rows, verified_per_row)
 
     def observe_plain(self, seconds: float, rows: int) -> None:
         """A plain step (one token per row) of `rows` rows took `seconds`, all of the step's work included."""
         if self.fixed is not None:
             return
         self._plain[rows] = _smooth(self._plain.get(rows), seconds)
+
+    def observe_prefill(self, seconds: float, tokens: int) -> None:
+        """The target's prefill fed `tokens` tokens (padding included) in `seconds`: what a token costs where a
+        forward is bound by compute, the first estimate of what verifying more tokens costs, and of a draft's own
+        prefill (`hf_specdec.generation.decisions.setup_costs`)."""
+        if self.fixed is None and tokens > 0 and seconds > 0:
+            self._token_seconds = seconds / tokens
+
+    @property
+    def token_seconds(self) -> float | None:
+        """Seconds the target's prefill took per token fed (`observe_prefill`); `None` before it, or when fixed."""
+        return self._token_seconds
+
+    @property
+    def verified_wide(self) -> bool:
+        """Whether `verify_per_token` and `step_overhead` come from a step that verified drafts (or are fixed)."""
+        return self.fixed is not None or self._verified_wide
+
+    def plain_seconds(self, rows: int) -> float | None:
+        """The measured time of a plain step of `rows` rows, all of the step's work included; `None` before one."""
+        return self._plain.get(rows)
 
     def knows_plain(self, rows: int) -> bool:
         """Whether a plain step of `rows` rows has been measured (or costs are fixed: nothing to measure)."""

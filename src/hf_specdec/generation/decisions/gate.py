@@ -7,8 +7,10 @@ the loop takes plain one-token steps instead, and tries drafting again after a w
 since what drafts bring changes with the text (a reply that starts quoting its prompt) and what verification
 costs changes with the rows left in the batch. The drafter still follows the text during plain steps (prompt
 lookup indexes it, a draft model catches up at its next draft), and a drafter whose proposals cost no forward
-(prompt lookup beside a draft model or heads: `FreeProposals`) may still propose during the wait. A plain step of
-each batch size is measured once before it is compared with.
+(prompt lookup beside a draft model or heads: `FreeProposals`) may still propose during the wait. Each batch size
+starts with a plain step, measured: every cost is in plain steps of the same rows, and until a step has verified
+drafts, verifying them is priced against it (`CostModel.verify_cost`), so that the first steps of a wide batch
+do not verify more than they can pay for.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ class SpeculationGate:
 
     def speculate(self, rows: int) -> bool:
         """Whether the next step of `rows` rows drafts (else the loop verifies each row's last token alone)."""
-        explore = self.enabled and self.costs.step_rate is not None and not self.costs.knows_plain(rows)
+        explore = self.enabled and not self.costs.knows_plain(rows)
         self.measuring = explore
-        if self._wait > 0 or explore:  # explore: after a first step that drafted, measure one plain step
+        if self._wait > 0 or explore:  # explore: measure a plain step of these rows before drafting
             self._wait = max(self._wait - 1, 0)
             return False
         return True
