@@ -13,6 +13,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast
 
+from hf_specdec import SpeculativeCosts
 from hf_specdec.bench import demo
 from hf_specdec.cli import main
 from tests.tiny_models import VOCAB, tiny_model
@@ -45,6 +46,8 @@ class DemoWorld:
         def generate(**kwargs):  # the class's generate(), speculative once the demo has made it so
             if self.forwards_before_timing is None:
                 self.untimed_paths.append(_path(kwargs))
+            if "assistant" in kwargs:  # decisions from the tokens alone (the twin draft costs what the target does)
+                kwargs.setdefault("speculative_costs", SpeculativeCosts(0.1, 0.01))
             return type(target).generate(target, **kwargs)
 
         target.generate = generate

@@ -49,6 +49,7 @@ def test_smollm2_greedy_is_token_identical(smollm2, batch: int) -> None:
         do_sample=False,
         assistant=draft,
         num_assistant_tokens=4,
+        speculative_costs=hf_specdec.SpeculativeCosts(0.1, 0.01),  # decisions from the tokens alone
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, plain)

@@ -134,10 +134,14 @@ def timed_generate(model: PreTrainedModel, inputs: dict, pad: int | None, **kwar
 
 
 def warm_up(target: PreTrainedModel, inputs: dict, paths: dict[str, dict[str, Any]]) -> None:
-    """Run every path once on a few tokens, untimed: the target on all of them, the draft on those that use it."""
+    """Run every path once on a few tokens, untimed: the target on all of them, the draft on those that use it
+    (told that drafting costs nothing, so that the draft runs however little a warm-up's few tokens repay it)."""
     for name, kwargs in paths.items():
         start = time.perf_counter()
-        target.generate(**inputs, **dict(kwargs, max_new_tokens=min(kwargs["max_new_tokens"], WARM_UP_TOKENS)))
+        warm = dict(kwargs, max_new_tokens=min(kwargs["max_new_tokens"], WARM_UP_TOKENS))
+        if "assistant" in warm:
+            warm["speculative_costs"] = hf_specdec.SpeculativeCosts(0.0, 0.0)
+        target.generate(**inputs, **warm)
         print(f"  warm-up, {name}: {time.perf_counter() - start:.1f} s", flush=True)
 
 

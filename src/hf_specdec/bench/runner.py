@@ -15,6 +15,7 @@ from hf_specdec.bench.markdown import call_text
 from hf_specdec.bench.methods import Method
 from hf_specdec.bench.prompts import Prompt, chat_inputs
 from hf_specdec.bench.report import BenchmarkResult, Sample
+from hf_specdec.generation.decisions import SpeculativeCosts
 from hf_specdec.generation.kv_cache import static_slots
 from hf_specdec.generation.validation import eos_token_ids
 
@@ -154,12 +155,18 @@ def run_benchmark(
         generate_kwargs.update(_compiled(target, tokenizer, batches, max_new_tokens))
         result.settings["compiled"] = True
     # Warm-up: first calls pay for allocations and lazy initialisation; compiled, every batch is run once at its
-    # whole length first, so that every width a method feeds is compiled before anything is timed.
+    # whole length first, so that every width a method feeds is compiled before anything is timed. Drafting is
+    # free there, so that every drafter runs (a draft model starts only where it is expected to pay).
     warm_kwargs = generate_kwargs if compile else {**generate_kwargs, "max_new_tokens": 4}
+    free = {"speculative_costs": SpeculativeCosts(0.0, 0.0)}
     for batch in batches if compile else batches[:1]:
         warm = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         for method in runnable:
-            _run_method(method, models, warm, warm_kwargs)
+            drafts = (
+                method.uses in ("specdec", "lookup", "early-exit", "medusa")
+                and "speculative_costs" not in method.kwargs
+            )
+            _run_method(method, models, warm, {**warm_kwargs, **free} if drafts else warm_kwargs)
     eos = eos_token_ids(target)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
