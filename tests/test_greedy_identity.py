@@ -8,11 +8,15 @@ import pytest
 import torch
 
 from hf_specdec.drafters.vocab import count_tokens, frequent_tokens
-from hf_specdec.generation.decisions import parameter_share
+from hf_specdec.generation.decisions import SpeculativeCosts, parameter_share
 from tests.tiny_models import BUILDERS, ragged_batch, tiny_model, tiny_target
 
 ARCHS = sorted(BUILDERS)
 NEW = 40
+
+# Decisions from the tokens alone (measured costs would decide from this machine's timings whether a draft as
+# large as the target is worth starting: it is not).
+COSTS = SpeculativeCosts(draft_forward=0.1, verify_per_token=0.01)
 
 
 def _draft(arch: str, kind: str, target):
@@ -38,6 +42,7 @@ def test_matches_plain_greedy(arch: str, batch: int, kind: str) -> None:
         do_sample=False,
         assistant=draft,
         num_assistant_tokens=4,
+        speculative_costs=COSTS,
         return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, plain)
@@ -65,7 +70,7 @@ def test_a_dynamically_quantised_draft_keeps_plain_greedy() -> None:
     plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     out = target.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant=draft,
-        return_dict_in_generate=True,
+        speculative_costs=COSTS, return_dict_in_generate=True,
     )  # fmt: skip
     assert torch.equal(out.sequences, plain)
     assert out.speculative.summary()["acceptance_rate"] > 0.5

@@ -80,8 +80,10 @@ def test_fixed_costs_make_seeded_sampling_independent_of_timings(path: str) -> N
 
 def test_measured_costs_follow_the_clock() -> None:
     """Without fixed costs the same seeded call drafts differently when drafting seems slow: what the setting
-    is for."""
-    first, second = _run("assistant", _clock(1e-3), None), _run("assistant", _clock(10.0), None)
+    is for. (The draft, the target's twin, is first guessed at a twentieth of the target's cost, so that it is
+    started: at its own size no chain could pay, and it would never run.)"""
+    with mock.patch("hf_specdec.drafters.decoding.parameter_share", return_value=0.05):
+        first, second = _run("assistant", _clock(1e-3), None), _run("assistant", _clock(10.0), None)
     assert not torch.equal(first.speculative.drafted_tokens, second.speculative.drafted_tokens)
     assert first.speculative.costs.draft_forward < second.speculative.costs.draft_forward
 

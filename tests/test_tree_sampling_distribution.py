@@ -42,7 +42,7 @@ from transformers import (
 )
 
 import hf_specdec.generation.run as medusa_decoding  # the one loop: its acceptance rules are patched here
-from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM
+from hf_specdec import DynamicTree, MedusaConfig, MedusaForCausalLM, SpeculativeCosts
 from hf_specdec.generation.acceptance import sample_accept_tree, typical_accept_tree
 from hf_specdec.trees.row_trees import RowTrees
 from hf_specdec.trees.static import DraftTree
@@ -364,7 +364,7 @@ def _medusa_samples(
             generator=torch.Generator().manual_seed(seed),
             return_dict_in_generate=True,
             **sampling,
-            **extra,
+            **({"speculative_costs": SpeculativeCosts(0.0, 0.0)} | extra),  # every tree whole, whatever the timings
         )
     finally:
         medusa_decoding.sample_accept_tree = rule
