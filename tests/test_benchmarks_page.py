@@ -22,7 +22,7 @@ def _results(name: str) -> dict:
 
 
 def test_every_results_block_is_what_its_run_renders() -> None:
-    on_page = {"batch1", "batch4", "fp32-b1-packed:table", "fp32-b4-packed:table", "fp32-b8:table", "fp32-b4:table"}
+    on_page = {"batch1", "batch4", "fp32-b1-packed:table", "sweep-b8:table", "sweep-b4:table", "sweep-b1:table"}
     for path, expected in ((PAGE, on_page), (README, {"batch1:table"})):
         blocks = page.blocks(path.read_text())
         assert set(blocks) == expected, path

@@ -11,14 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 heads=${1:-heads/qwen15-eagle3}
 out=${2:-bench_results}
-# FLOAT32=1: the page's float32 block instead (batches of 8 and 4, no heads), for a CPU without bf16 instructions.
+# FLOAT32=1: the page's float32 batches instead (8, 4 and 1, packed, no heads), for a CPU without bf16 instructions.
 if [[ -n "${FLOAT32:-}" ]]; then
-    fp32=(--target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --prompts mt-bench,humaneval,gsm8k --n 12
-        --max-new-tokens 96 --dtype float32 --methods plain,specdec,specdec-tree16,lookup,specdec-lookup,specdec-int8-lookup)
-    for batch in 8 4; do
-        hf-specdec bench "${fp32[@]}" --batch-size "$batch" --out "$out/fp32_b$batch"
-    done
-    python -m hf_specdec.bench.page docs/benchmarks.md fp32-b8="$out/fp32_b8" fp32-b4="$out/fp32_b4"
+    fp32=(--target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --prompts mt-bench,humaneval,gsm8k
+        --max-new-tokens 64 --dtype auto --pack-linears)
+    methods=plain,specdec,specdec-tree16,lookup,specdec-lookup
+    hf-specdec bench "${fp32[@]}" --n 8 --batch-size 8 --methods "$methods" --out "$out/sweep_b8"
+    hf-specdec bench "${fp32[@]}" --n 12 --batch-size 4 --methods "$methods" --out "$out/sweep_b4"
+    hf-specdec bench "${fp32[@]}" --n 6 --batch-size 1 --methods plain,specdec,lookup,specdec-lookup --out "$out/sweep_b1"
+    python -m hf_specdec.bench.page docs/benchmarks.md sweep-b8="$out/sweep_b8" sweep-b4="$out/sweep_b4" \
+        sweep-b1="$out/sweep_b1"
     exit 0
 fi
 if [[ ! -d "$heads" ]]; then
