@@ -54,6 +54,11 @@ class Method:
         return None
 
     @property
+    def speculative(self) -> bool:
+        """Whether the method decodes through this library's loop (its output carries speculative statistics)."""
+        return self.uses in ("specdec", "lookup", "early-exit", "medusa")
+
+    @property
     def needs_draft_vocab(self) -> bool:
         return "{draft_vocab}" in self.kwargs.values()
 

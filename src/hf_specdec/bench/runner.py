@@ -94,7 +94,7 @@ def _run_method(
     (CUDA only)."""
     target = models.target
     kwargs = {**generate_kwargs, **method.generate_kwargs(models.draft, models.draft_vocab, models.draft_int8)}
-    speculative = method.uses in ("specdec", "lookup", "early-exit", "medusa")
+    speculative = method.speculative
     if speculative:
         kwargs["return_dict_in_generate"] = True
     model = target
@@ -162,10 +162,7 @@ def run_benchmark(
     for batch in batches if compile else batches[:1]:
         warm = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         for method in runnable:
-            drafts = (
-                method.uses in ("specdec", "lookup", "early-exit", "medusa")
-                and "speculative_costs" not in method.kwargs
-            )
+            drafts = method.speculative and "speculative_costs" not in method.kwargs
             _run_method(method, models, warm, {**warm_kwargs, **free} if drafts else warm_kwargs)
     eos = eos_token_ids(target)
     for index, batch in enumerate(tqdm(batches, desc="benchmark", unit="batch")):

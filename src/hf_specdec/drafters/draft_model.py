@@ -112,13 +112,17 @@ class DraftModelDrafter(ChainDrafter):
         if self.position_limit is not None and int(positions.max()) + 1 >= self.position_limit:
             self._exhaust()  # the prompts already fill the draft's positions: nothing left to draft at
             return
-        runner = self.model if self.token_ids is None else self.model.get_decoder()
-        config = self.generation_config
-        capacity = static_capacity(config, runner) if config is not None else None
         # Prefilled by span, the draft computes the real tokens only; with a static cache, every column.
-        self._by_span = capacity is None
+        self._by_span = self._runner_capacity()[1] is None
         self._prompt_tokens = int(valid.sum()) if self._by_span else valid.numel()
         self._prompts = (input_ids.to(self.device), valid.to(self.device), positions.to(self.device))
+
+    def _runner_capacity(self) -> tuple[nn.Module, int | None]:
+        """The module the draft's forwards run (with a draft vocabulary its decoder alone: `_logits` projects onto
+        the vocabulary's rows) and its static cache's slots (`None`: a dynamic cache)."""
+        runner = self.model if self.token_ids is None else self.model.get_decoder()
+        config = self.generation_config
+        return runner, static_capacity(config, runner) if config is not None else None
 
     @property
     def declined(self) -> bool:
@@ -147,10 +151,8 @@ class DraftModelDrafter(ChainDrafter):
 
     def _prefill_now(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> None:
         """Feed the prompts `(batch, prompt)` to the draft (the rows still decoding)."""
-        # With a draft vocabulary the decoder runs alone and `_logits` projects onto the vocabulary's rows.
-        runner = self.model if self.token_ids is None else self.model.get_decoder()
+        runner, capacity = self._runner_capacity()
         config = self.generation_config
-        capacity = static_capacity(config, runner) if config is not None else None
         self.seq = CachedSequence(runner, input_ids.shape[0], self.device, self.reads, capacity=capacity)
         ids = self._embeddable(input_ids)
         if capacity is None:  # rows by span: the padding of short prompts is not computed (`prefill_by_span`)
