@@ -41,3 +41,13 @@ def _threads_for_tiny_models(request: pytest.FixtureRequest) -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
+def _cold_costs() -> Iterator[None]:
+    """Each test starts with no costs measured by earlier calls (`decisions.memory`): what a test asserts must not
+    depend on which tests ran before it in the same process."""
+    from hf_specdec.generation.decisions import forget_measured_costs
+
+    forget_measured_costs()
+    yield

@@ -96,22 +96,27 @@ def tiny_budget(monkeypatch, base: Path) -> None:
     """`train_medusa`, wherever a page calls it from, trains on the tiny base with a tiny budget."""
     import hf_specdec.training
 
-    train = hf_specdec.training.train_medusa
+    import hf_specdec.training.plan
+
+    train, plan = hf_specdec.training.train_medusa, hf_specdec.training.plan.plan_training
     bases = {"smollm2-135m": str(base), "HuggingFaceTB/SmolLM2-135M-Instruct": str(base)}
 
-    def train_tiny(config, training_args, command=None):
-        config = dataclasses.replace(
+    def tiny(config):
+        return dataclasses.replace(
             config,
             base=bases.get(config.base, config.base),
             max_examples=min(config.max_examples or 16, 16),
             distill_max_new_tokens=min(config.distill_max_new_tokens, 8),
             max_length=min(config.max_length, 128),
         )
+
+    def train_tiny(config, training_args, command=None):
         saves = {"save_steps": 1} if training_args.save_strategy == "steps" else {}
         training_args = dataclasses.replace(training_args, max_steps=2, **saves)
-        return train(config, training_args, command=command)
+        return train(tiny(config), training_args, command=command)
 
     monkeypatch.setattr(hf_specdec.training, "train_medusa", train_tiny)
+    monkeypatch.setattr(hf_specdec.training.plan, "plan_training", lambda config, args: plan(tiny(config), args))
     monkeypatch.setattr(prompts, "sharegpt_v3_conversations", _SHAREGPT)
 
 

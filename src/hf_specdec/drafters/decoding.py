@@ -22,7 +22,7 @@ from hf_specdec.drafters.lookup import PromptLookupDrafter
 from hf_specdec.drafters.recurrent_tree import RecurrentDraftTreeDrafter
 from hf_specdec.drafters.text_alignment import Tokenizers
 from hf_specdec.drafters.translated import TranslatedDrafter
-from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
+from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share, remembered_costs
 from hf_specdec.generation.drafter import Drafter, DraftingContext
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
@@ -91,9 +91,9 @@ def speculative_decode(
     # as they say at every step.
     adaptive = schedule.adaptive if assistant is not None else bool(prompt_lookup and prompt_lookup.adaptive)
     if assistant is None:  # no draft forward to pay for
-        cost_model = CostModel.verification_only(costs)
+        cost_model = remembered_costs(model, "prompt lookup", CostModel.verification_only(costs))
     else:
-        cost_model = CostModel(parameter_share(assistant, model), costs)
+        cost_model = remembered_costs(model, assistant, CostModel(parameter_share(assistant, model), costs))
     return decode(
         model,
         input_ids,

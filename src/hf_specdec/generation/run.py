@@ -350,6 +350,8 @@ class DecodingRun:
         outcome, stats = self.outcome, self.stats
         rows, width = proposal.nodes.shape
         gained = 1 + outcome.num_accepted[self.laggard]
+        if proposal.chain and proposal.forwards > 0 and not proposal.looked_up:  # a drafter's own chain
+            self.costs.observe_acceptance(rows, outcome.num_accepted[self.laggard], outcome.drafted[self.laggard])
         timings = self.clock.verified(
             proposal.forwards, rows, width, gained, proposal.catch_up, self.free_step, proposal.started
         )
@@ -376,6 +378,7 @@ class DecodingRun:
         `return_dict_in_generate=True`)."""
         self.counts.write(self.stats)
         self.stats.costs = self.costs.estimated
+        self.costs.keep()  # for the next call of the same models (`decisions.memory`)
         if self.stream is not None:
             self.stream.end(self.buffer)
         config, buffer, recorder = self.generation_config, self.buffer, self.recorder

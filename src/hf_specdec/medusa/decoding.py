@@ -17,7 +17,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec.drafters.lookup import PromptLookupDrafter
-from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share
+from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, parameter_share, remembered_costs
 from hf_specdec.generation.drafter import DrafterFactory
 from hf_specdec.generation.loop import ACCEPTANCE, decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
@@ -82,12 +82,12 @@ def medusa_decode(
         if not isinstance(tree, DynamicTree):
             raise ValueError("EAGLE heads grow a tree per row and step: pass a DynamicTree.")
         # A head forward per depth has a cost (c, measured): trees stop growing where a depth does not pay.
-        cost_model = CostModel(_parameter_share(heads, model), costs)
+        cost_model = remembered_costs(model, heads, CostModel(_parameter_share(heads, model), costs))
         make_drafter = functools.partial(
             EagleDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup, adaptive=adaptive
         )
     else:
-        cost_model = CostModel.verification_only(costs)
+        cost_model = remembered_costs(model, heads, CostModel.verification_only(costs))
         make_drafter = functools.partial(
             MedusaDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup, adaptive=adaptive
         )

@@ -13,7 +13,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_layers import MtpModel
 
-from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, weight_count
+from hf_specdec.generation.decisions import CostModel, SpeculativeCosts, remembered_costs, weight_count
 from hf_specdec.generation.drafter import Drafter, DrafterFactory, DraftingContext
 from hf_specdec.generation.loop import decode
 from hf_specdec.generation.outputs import SpeculativeDecoderOnlyOutput
@@ -96,7 +96,7 @@ def mtp_decode(
         stopping_criteria,
         generation_config,
         make_drafter=mtp_drafter_for(model, layers, tree, adaptive),
-        costs=CostModel(mtp_parameter_share(layers, model), costs),
+        costs=remembered_costs(model, layers, CostModel(mtp_parameter_share(layers, model), costs)),
         path="`use_mtp=True`",
         plain_steps=adaptive,
         streamer=streamer,

@@ -16,11 +16,13 @@ expected time; Dinkelbach's method for a ratio, the current rate standing for th
 3.97 tokens a step, 79-89% of them accepted, against 3.25 and 87-92% with the rate, for the same speed).
 
 Whether a step drafts at all is the `SpeculationGate`'s call (`gate`), from the same cost model; whether a draft
-model is started at all (its prefill) is `draft_model_pays`'s (`setup_costs`).
+model is started at all (its prefill) is `draft_model_pays`'s (`setup_costs`). Each call starts from what the
+last call of the same models measured (`memory`).
 """
 
 from hf_specdec.generation.decisions.costs import CostModel, SpeculativeCosts, parameter_share, weight_count
 from hf_specdec.generation.decisions.gate import SpeculationGate
+from hf_specdec.generation.decisions.memory import forget_measured_costs, remembered_costs
 from hf_specdec.generation.decisions.rules import (
     GrowthRule,
     growth_rule,
@@ -39,12 +41,14 @@ __all__ = [
     "SpeculativeCosts",
     "chain_rate",
     "draft_model_pays",
+    "forget_measured_costs",
     "growth_rule",
     "lagging_mean",
     "lookup_pays_more",
     "next_draft_pays",
     "nodes_worth_verifying",
     "parameter_share",
+    "remembered_costs",
     "shared_width",
     "weight_count",
 ]

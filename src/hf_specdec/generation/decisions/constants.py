@@ -62,5 +62,9 @@ MODEL_STEP_SMOOTHING = 0.2
 #: (`setup_costs.draft_model_pays`). Qwen2.5-Coder-0.5B drafting for the 1.5B had 79-89% of its drafts accepted
 #: (above); a weaker pair is measured once it drafts, and the speculation gate stops it if it loses.
 PRIOR_DRAFT_ACCEPTANCE = 0.8
+#: The prior's weight, in drafts, against the least advanced row's measured acceptance (`CostModel.acceptance`),
+#: and the weight each step keeps older counts with: about fifty recent steps count.
+PRIOR_DRAFT_WEIGHT = 4.0
+ACCEPTANCE_DECAY = 0.98
 #: The longest chain that judgement considers.
 MOST_JUDGED_DRAFTS = 16

@@ -25,14 +25,22 @@ brings), against which one more drafted token is weighed (`CostModel.pays`, see 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from hf_specdec.generation.decisions.constants import COST_SMOOTHING, STEP_SMOOTHING, VERIFY_LINE_DECAY
+from hf_specdec.generation.decisions.constants import (
+    ACCEPTANCE_DECAY,
+    COST_SMOOTHING,
+    PRIOR_DRAFT_ACCEPTANCE,
+    PRIOR_DRAFT_WEIGHT,
+    STEP_SMOOTHING,
+    VERIFY_LINE_DECAY,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,24 @@ class SpeculativeCosts:
         return self.draft_forward * draft_forwards + 1.0 + overhead + self.verify_per_token * rows * extra
 
 
+@dataclass
+class MeasuredCosts:
+    """What a cost model has measured (not what it holds fixed), which the next call with the same target and
+    drafter starts from (`hf_specdec.generation.decisions.memory`): the costs `c`, `v`, `s` and the fitted line
+    they come from, plain steps' seconds by rows, the target's prefill seconds per token, and the least advanced
+    row's acceptance of chained drafts by rows (accepted drafts, rejections: exponentially weighted counts)."""
+
+    draft_forward: float
+    verify_per_token: float = 0.0
+    step_overhead: float = 0.0
+    verify_line: _VerifyLine = field(default_factory=lambda: _VerifyLine())
+    plain: dict[int, float] = field(default_factory=dict)
+    plain_verify: dict[int, float] = field(default_factory=dict)
+    token_seconds: float | None = None
+    verified_wide: bool = False
+    acceptance: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+
 class CostModel:
     """Measures (or holds fixed) `c`, `v` and `s`, the time of a plain step, and the running rate of recent steps
     (tokens per plain step, from the step costs measured or, when fixed, predicted from the tokens alone).
@@ -83,18 +109,16 @@ class CostModel:
         self.fixed = fixed
         # A draft's share of the target's compute, for its prefill (bound by compute, not by reading weights).
         self.prefill_share = draft_forward
-        self._draft_forward = draft_forward if fixed is None else fixed.draft_forward
-        self._verify_per_token = 0.0 if fixed is None else fixed.verify_per_token
-        self._step_overhead = 0.0 if fixed is None else fixed.step_overhead
-        self._verify = _VerifyLine()  # verification seconds of speculative steps against verified tokens
-        self._plain: dict[int, float] = {}  # seconds of a plain step, by rows in the batch (running means)
-        self._plain_verify: dict[int, float] = {}  # of which its target forward's
+        self._m = MeasuredCosts(draft_forward)  # what is measured (with fixed costs: those, never measured)
+        if fixed is not None:
+            self._m.draft_forward, self._m.verify_per_token = fixed.draft_forward, fixed.verify_per_token
+            self._m.step_overhead = fixed.step_overhead
         self._gain: float | None = None  # tokens recent speculative steps gave the least advanced row
         self._cost: float | None = None  # their cost in plain steps
         self._all_gain: float | None = None  # the same over every step, plain ones included (1 token, 1 step)
         self._all_cost: float | None = None
-        self._token_seconds: float | None = None  # the target's prefill, per token fed: its compute per token
-        self._verified_wide = False  # whether a step verifying drafts has been measured
+        # Where `keep` hands what was measured (`memory.remembered_costs`): `None`, kept nowhere.
+        self.keeper: Callable[[MeasuredCosts], None] | None = None
 
     @classmethod
     def verification_only(cls, fixed: SpeculativeCosts | None = None) -> CostModel:
@@ -105,22 +129,22 @@ class CostModel:
     @property
     def draft_forward(self) -> float:
         """`c`: one draft-model forward, in plain steps."""
-        return self._draft_forward
+        return self._m.draft_forward
 
     @property
     def verify_per_token(self) -> float:
         """`v`: one more verified token in the batch, in plain steps."""
-        return self._verify_per_token
+        return self._m.verify_per_token
 
     @property
     def step_overhead(self) -> float:
         """`s`: what a step that verifies drafts costs beyond a plain step and `v` per extra token, in plain steps."""
-        return self._step_overhead
+        return self._m.step_overhead
 
     @property
     def estimated(self) -> SpeculativeCosts:
         """The costs in use: the fixed ones, or the current estimates."""
-        return self.fixed or SpeculativeCosts(self._draft_forward, self._verify_per_token, self._step_overhead)
+        return self.fixed or SpeculativeCosts(self._m.draft_forward, self._m.verify_per_token, self._m.step_overhead)
 
     def observe(
         self, draft_seconds: float, draft_forwards: int, verify_seconds: float, rows: int, verified_per_row: int
@@ -131,20 +155,53 @@ class CostModel:
         if verify_seconds <= 0 or self.fixed is not None:
             return
         if verified_per_row <= 1:
-            self._plain_verify[rows] = _smooth(self._plain_verify.get(rows), verify_seconds)
+            self._m.plain_verify[rows] = _smooth(self._m.plain_verify.get(rows), verify_seconds)
             return
-        self._verified_wide = True
-        self._verify.add(rows * verified_per_row, verify_seconds)
-        plain, fitted, slope = self._plain_verify.get(rows), self._verify.predict(rows), self._verify.slope
+        self._m.verified_wide = True
+        self._m.verify_line.add(rows * verified_per_row, verify_seconds)
+        line = self._m.verify_line
+        plain, fitted, slope = self._m.plain_verify.get(rows), line.predict(rows), line.slope
         if fitted is None:  # one verify size so far: no slope; against a plain step, all of the growth is `v`
             slope = 0.0 if plain is None else max(verify_seconds - plain, 0.0) / (rows * (verified_per_row - 1))
         one_token = plain or fitted or verify_seconds
-        self._verify_per_token = slope / one_token
+        self._m.verify_per_token = slope / one_token
         if plain is not None and fitted is not None:
-            self._step_overhead = max(fitted - plain, 0.0) / plain
+            self._m.step_overhead = max(fitted - plain, 0.0) / plain
         if draft_forwards > 0:
             ratio = draft_seconds / draft_forwards / one_token
-            self._draft_forward += COST_SMOOTHING * (ratio - self._draft_forward)
+            self._m.draft_forward += COST_SMOOTHING * (ratio - self._m.draft_forward)
+
+    def observe_acceptance(self, rows: int, accepted: int, drafted: int) -> None:
+        """The least advanced row of a batch of `rows` rows had `accepted` of a chain's `drafted` drafts accepted
+        (a draft model's chain: what `acceptance` estimates). Recorded with fixed costs too: it is no cost."""
+        if drafted <= 0:
+            return
+        successes, failures = self._m.acceptance.get(rows, (0.0, 0.0))
+        rejected = 1.0 if accepted < drafted else 0.0
+        decay = ACCEPTANCE_DECAY
+        self._m.acceptance[rows] = (decay * successes + accepted, decay * failures + rejected)
+
+    def acceptance(self, rows: int) -> float:
+        """The chance that the least advanced row of `rows` rows accepts a chained draft, after the ones before it
+        (each draft a success, each rejection a failure: the estimate of a geometric run, censored where a whole
+        chain was accepted), starting from `PRIOR_DRAFT_ACCEPTANCE` with `PRIOR_DRAFT_WEIGHT` drafts' weight."""
+        successes, failures = self._m.acceptance.get(rows, (0.0, 0.0))
+        prior = PRIOR_DRAFT_WEIGHT
+        return (successes + PRIOR_DRAFT_ACCEPTANCE * prior) / (successes + failures + prior)
+
+    def measured(self) -> MeasuredCosts:
+        """A copy of what this model has measured (see `MeasuredCosts`)."""
+        return copy.deepcopy(self._m)
+
+    def keep(self) -> None:
+        """Hand what was measured to the next call (`memory.remembered_costs`), where a keeper is set."""
+        if self.keeper is not None:
+            self.keeper(self.measured())
+
+    def recall(self, measured: MeasuredCosts) -> None:
+        """Start from what an earlier call measured (a copy of it); nothing changes when costs are fixed."""
+        if self.fixed is None:
+            self._m = copy.deepcopy(measured)
 
     def observe_step(self, gained: float, cost: float, speculative: bool = True) -> None:
         """A step gave the least advanced row `gained` tokens and cost `cost` plain steps; `speculative`: it
@@ -175,19 +232,19 @@ class CostModel:
         """`v` as the decisions for a batch of `rows` rows weigh it: measured (or fixed), or before any step
         verified drafts, what the target's prefill spent per token over a plain step of `rows` rows (a forward
         over more tokens costs at least their compute); 0 before either is known."""
-        if self.fixed is not None or self._verified_wide:
-            return self._verify_per_token
-        plain = self._plain.get(rows)
-        if plain is None or plain <= 0 or self._token_seconds is None:
-            return self._verify_per_token
-        return self._token_seconds / plain
+        if self.fixed is not None or self._m.verified_wide:
+            return self._m.verify_per_token
+        plain = self._m.plain.get(rows)
+        if plain is None or plain <= 0 or self._m.token_seconds is None:
+            return self._m.verify_per_token
+        return self._m.token_seconds / plain
 
     def threshold(self, rows: int, draft_forwards: int = 0) -> float:
         """The least expected gain, in tokens per row, that pays for drafting one more token per row (or one
         more tree node, or depth): what it costs in plain steps, `draft_forwards` draft forwards (`c` each) and one
         more verified token in each of `rows` rows (`v * rows`), times `rate` (the module's docstring of
         `hf_specdec.generation.decisions`)."""
-        return self.rate * (self._draft_forward * draft_forwards + self.verify_cost(rows) * rows)
+        return self.rate * (self._m.draft_forward * draft_forwards + self.verify_cost(rows) * rows)
 
     def step_threshold(self) -> float:
         """The least expected gain, in tokens per row, that the drafts of a step must bring together on top of
@@ -209,39 +266,39 @@ class CostModel:
         `verify_cost`)."""
         if self.fixed is not None:
             return self.fixed.step(draft_forwards, rows, verified_per_row)
-        costs = SpeculativeCosts(self._draft_forward, self.verify_cost(rows), self._step_overhead)
+        costs = SpeculativeCosts(self._m.draft_forward, self.verify_cost(rows), self._m.step_overhead)
         return costs.step(draft_forwards, rows, verified_per_row)
 
     def observe_plain(self, seconds: float, rows: int) -> None:
         """A plain step (one token per row) of `rows` rows took `seconds`, all of the step's work included."""
         if self.fixed is not None:
             return
-        self._plain[rows] = _smooth(self._plain.get(rows), seconds)
+        self._m.plain[rows] = _smooth(self._m.plain.get(rows), seconds)
 
     def observe_prefill(self, seconds: float, tokens: int) -> None:
         """The target's prefill fed `tokens` tokens (padding included) in `seconds`: what a token costs where a
         forward is bound by compute, the first estimate of what verifying more tokens costs, and of a draft's own
         prefill (`hf_specdec.generation.decisions.setup_costs`)."""
         if self.fixed is None and tokens > 0 and seconds > 0:
-            self._token_seconds = seconds / tokens
+            self._m.token_seconds = seconds / tokens
 
     @property
     def token_seconds(self) -> float | None:
         """Seconds the target's prefill took per token fed (`observe_prefill`); `None` before it, or when fixed."""
-        return self._token_seconds
+        return self._m.token_seconds
 
     @property
     def verified_wide(self) -> bool:
         """Whether `verify_per_token` and `step_overhead` come from a step that verified drafts (or are fixed)."""
-        return self.fixed is not None or self._verified_wide
+        return self.fixed is not None or self._m.verified_wide
 
     def plain_seconds(self, rows: int) -> float | None:
         """The measured time of a plain step of `rows` rows, all of the step's work included; `None` before one."""
-        return self._plain.get(rows)
+        return self._m.plain.get(rows)
 
     def knows_plain(self, rows: int) -> bool:
         """Whether a plain step of `rows` rows has been measured (or costs are fixed: nothing to measure)."""
-        return self.fixed is not None or rows in self._plain
+        return self.fixed is not None or rows in self._m.plain
 
     def in_plain_steps(
         self, seconds: float, draft_forwards: int, rows: int, verified_per_row: int, verify_seconds: float
@@ -250,9 +307,9 @@ class CostModel:
         predicted from the fixed costs."""
         if self.fixed is not None:
             return self.fixed.step(draft_forwards, rows, verified_per_row)
-        plain = self._plain.get(rows)
+        plain = self._m.plain.get(rows)
         if plain is None:  # not measured yet: the fitted verification of one token per row
-            plain = self._verify.predict(rows)
+            plain = self._m.verify_line.predict(rows)
         if plain is None:  # no line yet either: this step's verification stands for a plain forward
             plain = verify_seconds / self.estimated.step(0, rows, verified_per_row)
         return seconds / plain if plain > 0 else 1.0

@@ -11,21 +11,25 @@ prefill?
 
 Before a step has verified drafts, verifying them is priced from the target's own prefill
 (`CostModel.verify_cost`: a forward over more tokens costs at least their compute); once a step has, as measured.
-Acceptance before any draft is `PRIOR_DRAFT_ACCEPTANCE`.
+Acceptance is the least advanced row's, as measured by this call or an earlier one with the same target and draft
+(`CostModel.acceptance`, `hf_specdec.generation.decisions.memory`), `PRIOR_DRAFT_ACCEPTANCE` before any.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from hf_specdec.generation.decisions.constants import MOST_JUDGED_DRAFTS, PRIOR_DRAFT_ACCEPTANCE
+from hf_specdec.generation.decisions.constants import MOST_JUDGED_DRAFTS
 from hf_specdec.generation.decisions.costs import CostModel
 
 
-def chain_rate(costs: CostModel, rows: int, most: int, acceptance: float = PRIOR_DRAFT_ACCEPTANCE) -> float | None:
+def chain_rate(costs: CostModel, rows: int, most: int, acceptance: float | None = None) -> float | None:
     """The best expected rate, in tokens of the least advanced row per plain step of time, of a draft model's
-    chains of 1 to `most` drafts, each accepted with chance `acceptance` (after the ones before it); `None` when
-    neither a measured verification cost nor a plain step to price it against is known."""
+    chains of 1 to `most` drafts, each accepted with chance `acceptance` (after the ones before it; by default
+    `CostModel.acceptance`); `None` when neither a measured verification cost nor a plain step to price it against
+    is known."""
+    if acceptance is None:
+        acceptance = costs.acceptance(rows)
     verify = _verify_cost(costs, rows)
     if verify is None:
         return None
