@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_specdec.bench import page
+from hf_specdec.bench import page, sweep
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGE = DOCS / "benchmarks.md"
@@ -21,12 +21,21 @@ def _results(name: str) -> dict:
     return json.loads((DOCS / "results" / f"{name}.json").read_text())
 
 
+SWEEPS = {"bf16-sweep"}  # blocks of one run per batch size (`hf_specdec.bench.sweep`)
+
+
 def test_every_results_block_is_what_its_run_renders() -> None:
     on_page = {"batch1", "batch4", "fp32-b1-packed:table", "sweep-b8:table", "sweep-b4:table", "sweep-b1:table"}
-    for path, expected in ((PAGE, on_page), (README, {"batch1:table"})):
+    for path, expected in ((PAGE, on_page | SWEEPS), (README, {"batch1:table"})):
         blocks = page.blocks(path.read_text())
         assert set(blocks) == expected, path
         for name, block in blocks.items():
+            if name in SWEEPS:
+                runs = json.loads((DOCS / "results" / f"{name}.json").read_text())
+                assert block == sweep.render(name, runs), name
+                assert [run["settings"]["batch_size"] for run in runs] == sorted({1, 4, 8, 16})
+                assert (DOCS / "img" / f"{name}.png").is_file()
+                continue
             run = name.partition(":")[0]
             plots = all((DOCS / "img" / f"{run}-{plot}").exists() for plot in page.PLOTS)
             assert block == page.render(name, _results(run), plots), (path, name)
@@ -73,3 +82,29 @@ def test_a_page_without_the_block_or_a_folder_without_results_is_refused(tmp_pat
     (tmp_path / "results.json").write_text(json.dumps(_results("batch1")))
     with pytest.raises(SystemExit):  # no page has the block
         page.main([str(tmp_path / "page.md"), f"batch1={tmp_path}"])
+
+
+def test_a_sweep_rewrites_its_block_from_one_run_per_batch_size(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "page.md").write_text("Before.\n\n<!-- results:sweep -->\n<!-- /results:sweep -->\n\nAfter.\n")
+    folders = []
+    for batch, speedup in ((8, 0.97), (1, 1.6)):  # any order: the block goes by batch size
+        results = _results("batch1") | {"samples": []}
+        results["settings"] = results["settings"] | {"batch_size": batch}
+        results["summary"]["specdec"]["speedup_vs_plain"] = speedup
+        folder = tmp_path / f"b{batch}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(results))
+        folders.append(folder)
+    sweep.main([str(docs / "page.md"), "sweep", *map(str, folders)])
+    block = page.blocks((docs / "page.md").read_text())["sweep"]
+    header, _, plain, *rows = block.split("\n\n")[0].splitlines()
+    assert header.endswith("| batch 1 | batch 8 |") and plain.startswith("| `plain` |")
+    specdec = next(row for row in rows if row.startswith("| `specdec` |"))
+    assert "| 1.60x (tau" in specdec and "| 0.97x (tau" in specdec
+    assert block.count("Measured on ") == 2 and (docs / "img" / "sweep.png").stat().st_size > 0
+    kept = json.loads((docs / "results" / "sweep.json").read_text())
+    assert [run["settings"]["batch_size"] for run in kept] == [1, 8] and "samples" not in kept[0]
+    with pytest.raises(SystemExit):
+        sweep.main([str(docs / "page.md"), "other", *map(str, folders)])

@@ -95,7 +95,6 @@ def one_thread():
 def tiny_budget(monkeypatch, base: Path) -> None:
     """`train_medusa`, wherever a page calls it from, trains on the tiny base with a tiny budget."""
     import hf_specdec.training
-
     import hf_specdec.training.plan
 
     train, plan = hf_specdec.training.train_medusa, hf_specdec.training.plan.plan_training
