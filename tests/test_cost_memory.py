@@ -91,3 +91,19 @@ def test_acceptance_moves_from_the_prior_to_what_chains_show_and_prices_the_chai
         costs.observe_acceptance(4, 4, 4)
     assert costs.acceptance(4) > 0.9
     assert costs.acceptance(8) == pytest.approx(PRIOR_DRAFT_ACCEPTANCE)
+
+
+def test_a_draft_forward_is_timed_once_before_the_draft_is_started() -> None:
+    """Before a draft model is judged worth its prefill, one draft forward is timed (twice: the second counts) so
+    that `c` is measured rather than taken from its parameter share; the next call of the pair knows it."""
+    target, draft = _models(twin=False)
+    probes: list[object] = []
+    draft.register_forward_hook(lambda m, a, kwargs, out: probes.append(kwargs.get("use_cache")), with_kwargs=True)
+    assert not _recalled(target, draft).draft_measured
+    _call(target, draft)
+    assert probes.count(False) == 2 and _recalled(target, draft).draft_measured
+    probes.clear()
+    _call(target, draft)
+    assert False not in probes
+    _call(target, draft, rows=2, speculative_costs=SpeculativeCosts(5.0, 5.0))  # fixed: nothing to measure
+    assert False not in probes

@@ -23,6 +23,18 @@ if [[ -n "${FLOAT32:-}" ]]; then
         sweep-b1="$out/sweep_b1"
     exit 0
 fi
+# SWEEP=1: the page's bf16 batch sweep (batch 1, 4, 8 and 16, one table and a plot), for a CPU with AVX512-BF16.
+if [[ -n "${SWEEP:-}" ]]; then
+    sweep=(--target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --prompts mt-bench,humaneval,gsm8k
+        --max-new-tokens 64 --dtype bfloat16 --seed 13
+        --methods plain,specdec,specdec-tree16,lookup,specdec-lookup,specdec-int8-lookup)
+    hf-specdec bench "${sweep[@]}" --n 6 --batch-size 1 --out "$out/bf16_b1"
+    hf-specdec bench "${sweep[@]}" --n 12 --batch-size 4 --out "$out/bf16_b4"
+    hf-specdec bench "${sweep[@]}" --n 16 --batch-size 8 --out "$out/bf16_b8"
+    hf-specdec bench "${sweep[@]}" --n 16 --batch-size 16 --out "$out/bf16_b16"
+    python -m hf_specdec.bench.sweep docs/benchmarks.md bf16-sweep "$out"/bf16_b{1,4,8,16}
+    exit 0
+fi
 if [[ ! -d "$heads" ]]; then
     echo "No heads in $heads: make them with bash recipes/eagle3_qwen_coder_cpu.sh $heads" >&2
     exit 2

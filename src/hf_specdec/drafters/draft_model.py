@@ -12,6 +12,7 @@ starting the draft pays for its prefill (`hf_specdec.generation.decisions.draft_
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -137,12 +138,28 @@ class DraftModelDrafter(ChainDrafter):
         if room < 1 or self._prompts is None:
             return room
         # A constant schedule drafts at every step, as asked (the speculation gate is off too).
-        judged = self.schedule.adaptive
-        if judged and not draft_model_pays(costs, next_position.shape[0], max_tokens, self._prompt_tokens):
+        judged, rows = self.schedule.adaptive, next_position.shape[0]
+        if judged and not costs.draft_measured and costs.knows_plain(rows):
+            costs.observe_draft_probe(self._probe(rows), rows)
+        if judged and not draft_model_pays(costs, rows, max_tokens, self._prompt_tokens):
             return 0
         self._prefill_now(*self._prompts)
         self._prompts, self._started = None, True
         return room
+
+    def _probe(self, rows: int) -> float:
+        """Seconds of one draft forward over one token per row, with no cache: what a draft forward costs, before
+        its prefill is paid for (the second of two: the first pays for whatever the draft initialises lazily)."""
+        runner, _ = self._runner_capacity()
+        ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+        seconds = []
+        with torch.no_grad():
+            for _ in range(2):
+                started = time.perf_counter()
+                out = runner(input_ids=ids, use_cache=False)
+                float(out[0].flatten()[0])  # waits for the device
+                seconds.append(time.perf_counter() - started)
+        return min(seconds)
 
     def take_started(self) -> bool:
         """Whether this step fed the draft its prompts (then forgotten): its time is no measure of a step."""

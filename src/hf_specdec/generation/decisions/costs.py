@@ -90,6 +90,7 @@ class MeasuredCosts:
     plain_verify: dict[int, float] = field(default_factory=dict)
     token_seconds: float | None = None
     verified_wide: bool = False
+    draft_measured: bool = False
     acceptance: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
@@ -168,8 +169,24 @@ class CostModel:
         if plain is not None and fitted is not None:
             self._m.step_overhead = max(fitted - plain, 0.0) / plain
         if draft_forwards > 0:
+            self._m.draft_measured = True
             ratio = draft_seconds / draft_forwards / one_token
             self._m.draft_forward += COST_SMOOTHING * (ratio - self._m.draft_forward)
+
+    def observe_draft_probe(self, seconds: float, rows: int) -> None:
+        """One draft forward over one token in each of `rows` rows took `seconds`, timed before the draft was
+        started (`DraftModelDrafter` probes it once): `c` against a plain step's forward of those rows, measured
+        instead of taken from the draft's share of the parameters (which small models on a CPU run less
+        efficiently than large ones). Nothing changes when fixed or before a plain step was measured."""
+        one = self._m.plain_verify.get(rows) or self._m.plain.get(rows)
+        if self.fixed is not None or one is None or one <= 0 or seconds <= 0:
+            return
+        self._m.draft_forward, self._m.draft_measured = seconds / one, True
+
+    @property
+    def draft_measured(self) -> bool:
+        """Whether `c` comes from a timed draft forward (or is fixed), not from the draft's parameter share."""
+        return self.fixed is not None or self._m.draft_measured
 
     def observe_acceptance(self, rows: int, accepted: int, drafted: int) -> None:
         """The least advanced row of a batch of `rows` rows had `accepted` of a chain's `drafted` drafts accepted
