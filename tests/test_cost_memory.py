@@ -29,7 +29,7 @@ def _call(target, draft, rows: int = 3, **kwargs) -> torch.Tensor:
 
 
 def _recalled(target, draft) -> CostModel:
-    return remembered_costs(target, draft, CostModel(0.3))
+    return remembered_costs(target, draft, CostModel(0.3), "chain")
 
 
 def test_a_call_leaves_what_it_measured_to_the_next_call_of_the_same_models() -> None:
@@ -107,3 +107,11 @@ def test_a_draft_forward_is_timed_once_before_the_draft_is_started() -> None:
     assert False not in probes
     _call(target, draft, rows=2, speculative_costs=SpeculativeCosts(5.0, 5.0))  # fixed: nothing to measure
     assert False not in probes
+
+
+def test_a_draft_models_chains_and_its_trees_keep_their_own_costs() -> None:
+    """A tree's draft forward (a depth over several nodes per row) is not a chain's: each keeps its own."""
+    target, draft = _models()
+    _call(target, draft, tree=hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2))
+    assert remembered_costs(target, draft, CostModel(0.3), "tree").knows_plain(3)
+    assert not _recalled(target, draft).knows_plain(3)

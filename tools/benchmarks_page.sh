@@ -19,8 +19,7 @@ if [[ -n "${FLOAT32:-}" ]]; then
     hf-specdec bench "${fp32[@]}" --n 8 --batch-size 8 --methods "$methods" --out "$out/sweep_b8"
     hf-specdec bench "${fp32[@]}" --n 12 --batch-size 4 --methods "$methods" --out "$out/sweep_b4"
     hf-specdec bench "${fp32[@]}" --n 6 --batch-size 1 --methods plain,specdec,lookup,specdec-lookup --out "$out/sweep_b1"
-    python -m hf_specdec.bench.page docs/benchmarks.md sweep-b8="$out/sweep_b8" sweep-b4="$out/sweep_b4" \
-        sweep-b1="$out/sweep_b1"
+    python -m hf_specdec.bench.sweep docs/benchmarks.md fp32-sweep "$out"/sweep_b{1,4,8}
     exit 0
 fi
 # SWEEP=1: the page's bf16 batch sweep (batch 1, 4, 8 and 16, one table and a plot), for a CPU with AVX512-BF16.

@@ -93,7 +93,8 @@ def speculative_decode(
     if assistant is None:  # no draft forward to pay for
         cost_model = remembered_costs(model, "prompt lookup", CostModel.verification_only(costs))
     else:
-        cost_model = remembered_costs(model, assistant, CostModel(parameter_share(assistant, model), costs))
+        how = "tree" if tree is not None else "other tokenizer" if tokenizers is not None else "chain"
+        cost_model = remembered_costs(model, assistant, CostModel(parameter_share(assistant, model), costs), how)
     return decode(
         model,
         input_ids,

@@ -82,7 +82,8 @@ def medusa_decode(
         if not isinstance(tree, DynamicTree):
             raise ValueError("EAGLE heads grow a tree per row and step: pass a DynamicTree.")
         # A head forward per depth has a cost (c, measured): trees stop growing where a depth does not pay.
-        cost_model = remembered_costs(model, heads, CostModel(_parameter_share(heads, model), costs))
+        how = "chain" if tree.top_k == 1 else "tree"
+        cost_model = remembered_costs(model, heads, CostModel(_parameter_share(heads, model), costs), how)
         make_drafter = functools.partial(
             EagleDrafter, heads=heads, tree=tree, prompt_lookup=prompt_lookup, adaptive=adaptive
         )

@@ -96,7 +96,9 @@ def mtp_decode(
         stopping_criteria,
         generation_config,
         make_drafter=mtp_drafter_for(model, layers, tree, adaptive),
-        costs=remembered_costs(model, layers, CostModel(mtp_parameter_share(layers, model), costs)),
+        costs=remembered_costs(
+            model, layers, CostModel(mtp_parameter_share(layers, model), costs), "chain" if tree is None else "tree"
+        ),
         path="`use_mtp=True`",
         plain_steps=adaptive,
         streamer=streamer,
