@@ -37,7 +37,7 @@ def render(name: str, runs: list[dict[str, Any]]) -> str:
             cells.append("" if entry is None else _cell(entry))
         lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join(lines)
-    measured = "\n\n".join(measured_on(run["settings"]) for run in runs)
+    measured = "\n".join(f"- {measured_on(run['settings'])}" for run in runs)
     return f"{table}\n\n![{name}](img/{name}.png)\n\n{measured}"
 
 
