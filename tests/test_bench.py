@@ -242,3 +242,30 @@ def test_the_int8_draft_methods_run_and_keep_identity() -> None:
     for name in names[1:]:
         assert summary[name]["identical_to_plain"] == f"{len(PROMPTS)}/{len(PROMPTS)}", (name, summary[name])
     assert draft.get_output_embeddings().weight.dtype == torch.float32  # the draft itself is untouched
+
+
+def test_repeats_run_every_method_again_and_time_it_by_its_median_call(monkeypatch) -> None:
+    """`repeats=3`: each method runs three times per batch (every method once, then again), and its time is the
+    median of the three (a noisy machine's one slow call does not count); outputs are the first call's."""
+    from hf_specdec.bench import runner
+
+    calls: list[str] = []
+    run = runner._run_method
+    warm_up = 2  # one untimed call per method first
+    rounds = [1.0, 1.0, 9.0, 9.0, 2.0, 2.0]  # per batch, plain's and specdec's calls: the middle round slow
+
+    def timed(method, models, inputs, kwargs):
+        calls.append(method.name)
+        sequences, _, stats, peak = run(method, models, inputs, kwargs)
+        timed_calls = len(calls) - warm_up
+        return sequences, 0.0 if timed_calls <= 0 else rounds[(timed_calls - 1) % 6], stats, peak
+
+    monkeypatch.setattr(runner, "_run_method", timed)
+    target, draft = tiny_target("llama"), tiny_model("llama", seed=0, num_layers=1, sharpen=4.0)
+    methods = [METHODS["plain"], METHODS["specdec"]]
+    result = run_benchmark(target, _tokenizer(), PROMPTS[:2], methods, draft=draft, max_new_tokens=4, repeats=3)
+    assert calls[warm_up:] == ["plain", "specdec"] * 3 + ["specdec", "plain"] * 3
+    assert [sample.seconds for sample in result.samples] == [2.0, 2.0, 2.0, 2.0]
+    assert result.settings["repeats"] == 3 and result.summary()["specdec"]["identical_to_plain"] == "2/2"
+    with pytest.raises(ValueError, match="at least 1"):
+        run_benchmark(target, _tokenizer(), PROMPTS[:2], methods, draft=draft, repeats=0)

@@ -107,6 +107,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
         "without CUDA graphs); the warm-up compiles",
     )
     bench.add_argument("--seed", type=random_seed, default=0, help="seed of the prompt sample and of sampling")
+    bench.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="run every method this many times per batch and time it by its median call (a noisy machine)",
+    )
     bench.add_argument("--out", type=output_folder, default="bench_results", help="folder for results.json and plots")
 
 
@@ -261,6 +267,7 @@ def run_bench(args: argparse.Namespace) -> int:
         draft_vocab=draft_vocab,
         compile=args.compile,
         heads=heads,
+        repeats=args.repeats,
     )
     result.settings.update(
         target=args.target,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -130,8 +131,10 @@ def run_benchmark(
     draft_vocab: torch.Tensor | None = None,
     compile: bool = False,
     heads: dict[str, Any] | None = None,
+    repeats: int = 1,
 ) -> BenchmarkResult:
-    """Run every method on every batch of prompts, in an order that rotates from batch to batch.
+    """Run every method on every batch of prompts, in an order that rotates from batch to batch; with `repeats`,
+    every method `repeats` times per batch (all of them once, then again), each timed by its median call.
 
     The first method must be `plain`: the others are compared to its outputs (greedy) and its speed.
     `medusa` is a `MedusaForCausalLM` on the same target, for the Medusa methods, and `heads` others by name, for
@@ -144,9 +147,13 @@ def run_benchmark(
     """
     if not methods or methods[0].uses != "plain":
         raise ValueError("The first method must be plain generate(): the others are measured against it.")
+    if repeats < 1:
+        raise ValueError(f"repeats is how many times each method runs per batch, at least 1: got {repeats}.")
     result = BenchmarkResult(
         settings={"batch_size": batch_size, "max_new_tokens": max_new_tokens, "do_sample": do_sample, "seed": seed}
     )
+    if repeats > 1:
+        result.settings["repeats"] = repeats
     runnable = _runnable(methods, result, batch_size, draft, medusa, heads, compile)
     models = _contestants(runnable, result, target, tokenizer, draft, medusa, heads, draft_vocab)
     generate_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "pad_token_id": tokenizer.pad_token_id}
@@ -169,9 +176,16 @@ def run_benchmark(
         inputs = {k: v.to(target.device) for k, v in chat_inputs(tokenizer, [p.text for p in batch]).items()}
         order = runnable[index % len(runnable) :] + runnable[: index % len(runnable)]
         outputs: dict[str, tuple] = {}
-        for method in order:
-            torch.manual_seed(seed + index)
-            outputs[method.name] = _run_method(method, models, inputs, generate_kwargs)
+        seconds: dict[str, list[float]] = {method.name: [] for method in runnable}
+        for repeat in range(repeats):  # every method once, then again: a drift of the machine hits all alike
+            for method in order:
+                torch.manual_seed(seed + index)
+                out = _run_method(method, models, inputs, generate_kwargs)
+                seconds[method.name].append(out[1])
+                if repeat == 0:
+                    outputs[method.name] = out
+        for name, times in seconds.items():  # the median call: one slow call of a noisy machine does not count
+            outputs[name] = (outputs[name][0], statistics.median(times), *outputs[name][2:])
         plain = outputs[runnable[0].name][0]
         for method in runnable:
             sample = _sample(method, index, batch, inputs, outputs[method.name], eos)
