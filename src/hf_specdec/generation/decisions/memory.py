@@ -18,7 +18,8 @@ import weakref
 
 from torch import nn
 
-from hf_specdec.generation.decisions.costs import CostModel, MeasuredCosts
+from hf_specdec.generation.decisions.costs import CostModel
+from hf_specdec.generation.decisions.measured import MeasuredCosts
 
 _Slots = dict[tuple[str, str, str], MeasuredCosts]  # (how it drafts, dtype, device) -> what was measured
 # target -> source of drafts: a module (draft model, heads, MTP layers), or a name (a drafter that runs none)
