@@ -4,6 +4,7 @@ acceptance, measured on the least advanced row, decides whether it is worth star
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 
 import pytest
@@ -115,3 +116,26 @@ def test_a_draft_models_chains_and_its_trees_keep_their_own_costs() -> None:
     _call(target, draft, tree=hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2))
     assert remembered_costs(target, draft, CostModel(0.3), "tree").knows_plain(3)
     assert not _recalled(target, draft).knows_plain(3)
+
+
+def test_the_step_that_times_the_draft_forward_is_no_measure_of_a_plain_step(monkeypatch) -> None:
+    """The timed draft forward is a one-off in its step: that step is left out of the plain steps' time (here the
+    probe takes a second, far more than any step of these tiny models)."""
+    from hf_specdec.drafters.draft_model import DraftModelDrafter
+
+    def slow_probe(self, rows: int) -> float:
+        time.sleep(1.0)
+        return 1.0
+
+    plain_steps: list[float] = []
+    observe_plain = CostModel.observe_plain
+    monkeypatch.setattr(DraftModelDrafter, "_probe", slow_probe)
+    monkeypatch.setattr(
+        CostModel, "observe_plain", lambda self, s, rows: (plain_steps.append(s), observe_plain(self, s, rows))
+    )
+    for extra in ({}, {"prompt_lookup_num_tokens": 3}, {"tree": hf_specdec.DynamicTree(num_nodes=6, depth=3, top_k=2)}):
+        forget_measured_costs()
+        plain_steps.clear()
+        target, draft = _models(twin=False)
+        _call(target, draft, **extra)
+        assert plain_steps and max(plain_steps) < 1.0, extra

@@ -141,6 +141,7 @@ class DraftModelDrafter(ChainDrafter):
         judged, rows = self.schedule.adaptive, next_position.shape[0]
         if judged and not costs.draft_measured and costs.knows_plain(rows):
             costs.observe_draft_probe(self._probe(rows), rows)
+            self._started = True  # a one-off in this step's time, which then measures nothing
         if judged and not draft_model_pays(costs, rows, max_tokens, self._prompt_tokens):
             return 0
         self._prefill_now(*self._prompts)
@@ -162,7 +163,8 @@ class DraftModelDrafter(ChainDrafter):
         return min(seconds)
 
     def take_started(self) -> bool:
-        """Whether this step fed the draft its prompts (then forgotten): its time is no measure of a step."""
+        """Whether this step fed the draft its prompts or timed its forward (then forgotten): its time is no measure
+        of a step."""
         started, self._started = self._started, False
         return started
 
@@ -265,7 +267,7 @@ class DraftModelDrafter(ChainDrafter):
         room = self.room(next_position, costs, max_tokens)
         if room < 1:
             nothing = torch.zeros(next_position.shape[0], 0, dtype=torch.long, device=target_device)
-            return Chain(nothing, plain=self.declined)
+            return Chain(nothing, plain=self.declined, started=self.take_started())
         num_tokens = min(max(1, min(policy.current, max_tokens)), room)
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         last_position = buffer.max_length - 1  # no token past it can be committed; keep positions in range

@@ -140,8 +140,12 @@ class DraftTreeDrafter(DraftModelDrafter, LookupWhileWaiting):
         room = self.room(next_position, costs, max_tokens)
         if room < 1:
             proposal = lookup_alone(self.prompt_lookup, last_token, buffer, next_position, costs, max_tokens)
-            plain = chain_proposal(last_token, last_token.new_zeros(len(last_token), 0), plain=self.declined)
-            return proposal if proposal is not None else plain
+            started = self.take_started()  # the draft's forward timed, not started
+            if proposal is not None:
+                return proposal._replace(started=started)
+            return chain_proposal(
+                last_token, last_token.new_zeros(len(last_token), 0), plain=self.declined, started=started
+            )
         assert self.seq is not None and self.pending is not None and self.pending_count is not None
         spec = self.tree.within(min(max_tokens, room))
         target_device = buffer.tokens.device

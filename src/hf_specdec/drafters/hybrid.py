@@ -66,7 +66,9 @@ class HybridDrafter(ChainDrafter):
         rows = len(buffer.active_rows)
         if self._lookup_pays(looked_up, rows, costs) or self.model.room(next_position, costs, max_tokens) < 1:
             # Nothing looked up while the draft model is not worth starting: a plain step.
-            self.last = looked_up._replace(plain=looked_up.tokens.shape[1] == 0 and self.model.declined)
+            self.last = looked_up._replace(
+                plain=looked_up.tokens.shape[1] == 0 and self.model.declined, started=self.model.take_started()
+            )
         else:
             self.last = self.model.draft_chain(buffer, next_position, costs, max_tokens)
         return self.last

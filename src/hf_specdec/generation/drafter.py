@@ -47,8 +47,9 @@ class Proposal(NamedTuple):
             step's drafting time says nothing of what one costs (the cost model leaves `c` as it was).
         chain (`bool`): every row's tree is a chain numbered in order, so an accepted path is a prefix of the
             nodes (the loop then moves no cache slot and gathers no score).
-        started (`bool`): the drafter first fed its draft model the prompts (its deferred prefill): the step's
-            time is no measure of what a step costs, and the cost model and the speculation gate leave it out.
+        started (`bool`): the drafter first fed its draft model the prompts (its deferred prefill), or timed a
+            draft forward before judging whether to: the step's time is no measure of what a step costs, and the
+            cost model and the speculation gate leave it out.
         plain (`bool`): the drafter drafted nothing because drafting was not expected to pay (a draft model not
             worth starting): a plain step, counted as one.
     """
